@@ -1,0 +1,215 @@
+// Command relay moves committed sms_outbox rows into the JetStream stream SMS,
+// and applies the database migrations.
+//
+//	relay [flags]               run until SIGINT or SIGTERM
+//	relay migrate [-down N]     apply (or revert N) migrations, then exit
+//
+// Every flag has an environment variable; run "relay -h" for the list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce"
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/migrate"
+	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/telemetry"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+type config struct {
+	databaseURL   string
+	natsURL       string
+	httpAddr      string
+	logFormat     string
+	logLevel      string
+	batchSize     int
+	publishWindow int
+	pollInterval  time.Duration
+	ackTimeout    time.Duration
+	dbTimeout     time.Duration
+	shutdown      time.Duration
+}
+
+func bind(s *envflag.Set, c *config) {
+	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "", "Postgres URL of the database holding sms_outbox")
+	s.Required(&c.databaseURL, "database-url")
+	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
+	s.URL(&c.natsURL, "nats-url", "nats", "tls", "ws", "wss")
+	s.String(&c.httpAddr, "http-addr", "HTTP_ADDR", ":9101", "address for /metrics, /healthz and /readyz; empty disables")
+	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
+	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
+	s.Int(&c.batchSize, "batch-size", "RELAY_BATCH_SIZE", 500, 1, 10000, "rows claimed per transaction")
+	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", 1024, 1, 65536, "publications awaiting their PubAck at once")
+	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", time.Second, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification")
+	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks")
+	s.Duration(&c.dbTimeout, "db-timeout", "DB_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
+	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown")
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	migrateMode := len(args) > 1 && args[1] == "migrate"
+	flagArgs := args[1:]
+	name := "relay"
+	if migrateMode {
+		flagArgs = args[2:]
+		name = "relay migrate"
+	}
+	var c config
+	s := envflag.New(name, getenv, stderr)
+	bind(s, &c)
+	down := 0
+	if migrateMode {
+		s.FlagSet().IntVar(&down, "down", 0, "revert this many migrations instead of applying")
+	}
+	if err := s.Parse(flagArgs); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "%s: configuration: %v\n", name, err)
+		return 2
+	}
+	log, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	log = log.With("component", "relay")
+	if migrateMode {
+		if err := runMigrate(ctx, c, down, log); err != nil {
+			log.Error("migrate failed", "err", err)
+			return 1
+		}
+		return 0
+	}
+	if err := runRelay(ctx, c, log); err != nil {
+		log.Error("relay failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func runMigrate(ctx context.Context, c config, down int, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	conn, created, err := migrate.EnsureDatabase(ctx, c.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if created {
+		log.Info("created database", "database", conn.Config().Database)
+	}
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	if down > 0 {
+		v, err := migrate.Down(ctx, conn, migs, down)
+		log.Info("migrations reverted", "versions", v)
+		return err
+	}
+	v, err := migrate.Up(ctx, conn, migs)
+	log.Info("migrations applied", "versions", v, "latest", migs[len(migs)-1].Version)
+	return err
+}
+
+func runRelay(ctx context.Context, c config, log *slog.Logger) error {
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(startCtx, c.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(startCtx); err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	nc, js, err := natsconn.Connect(natsconn.Config{
+		URL: c.natsURL, Name: "sendonce-relay", PublishWindow: c.publishWindow,
+		ConnectTimeout: 10 * time.Second, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	topo, err := streams.Default()
+	if err != nil {
+		return err
+	}
+	if err := topo.Ensure(startCtx, js); err != nil {
+		return err
+	}
+
+	reg := telemetry.NewRegistry()
+	r, err := relay.New(relay.Config{
+		Pool: pool, JetStream: js, BatchSize: c.batchSize, PublishWindow: c.publishWindow,
+		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.dbTimeout,
+		Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	if c.httpAddr != "" {
+		srv, err := telemetry.Listen(c.httpAddr, reg, func(ctx context.Context) error {
+			if err := pool.Ping(ctx); err != nil {
+				return fmt.Errorf("postgres: %w", err)
+			}
+			return topo.Check(ctx, js)
+		}, log)
+		if err != nil {
+			return fmt.Errorf("HTTP_ADDR: %w", err)
+		}
+		go func() {
+			if err := srv.Serve(); err != nil {
+				log.Error("http server failed", "err", err)
+			}
+		}()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	log.Info("relay started", "batch_size", c.batchSize, "publish_window", c.publishWindow)
+
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		select {
+		case err = <-done:
+		case <-time.After(c.shutdown):
+			return fmt.Errorf("shutdown did not finish within %s", c.shutdown)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := natsconn.Drain(nc, 5*time.Second); err != nil {
+		log.Warn("nats drain", "err", err)
+	}
+	log.Info("relay stopped")
+	return nil
+}

@@ -1,0 +1,225 @@
+// Command sender consumes the JetStream consumer "senders" and sends each
+// message through the SMS provider, exactly once as the user sees it. Run as
+// many as needed; they share the durable consumer.
+//
+// Every flag has an environment variable; run "sender -h" for the list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/telemetry"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+type config struct {
+	databaseURL    string
+	natsURL        string
+	httpAddr       string
+	logFormat      string
+	logLevel       string
+	apiBase        string
+	apiKey         string
+	apiTimeout     time.Duration
+	idempotent     bool
+	permanentCodes string
+	concurrency    int
+	lease          time.Duration
+	retryBase      time.Duration
+	retryCap       time.Duration
+	dbTimeout      time.Duration
+	shutdown       time.Duration
+}
+
+func bind(s *envflag.Set, c *config) {
+	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "", "Postgres URL of the database holding sms_outbox")
+	s.Required(&c.databaseURL, "database-url")
+	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
+	s.URL(&c.natsURL, "nats-url", "nats", "tls", "ws", "wss")
+	s.String(&c.httpAddr, "http-addr", "HTTP_ADDR", ":9102", "address for /metrics, /healthz and /readyz; empty disables")
+	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
+	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
+	s.String(&c.apiBase, "sms-api-base", "SMS_API_BASE", "", "provider base URL; messages are POSTed to BASE/v1/messages")
+	s.Required(&c.apiBase, "sms-api-base")
+	s.URL(&c.apiBase, "sms-api-base", "http", "https")
+	s.Secret(&c.apiKey, "sms-api-key", "SMS_API_KEY", "provider API key, sent as a Bearer token")
+	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", 10*time.Second, 10*time.Millisecond, 10*time.Minute, "bound on one provider attempt")
+	s.Bool(&c.idempotent, "sms-api-idempotent", "SMS_API_IDEMPOTENT", true, "the provider honours Idempotency-Key; false turns every ambiguous outcome into status unknown instead of a retry")
+	s.String(&c.permanentCodes, "sms-permanent-codes", "SMS_PERMANENT_CODES", "", "comma-separated provider error codes to treat as permanent, besides 21211,21214,21614,21610,21612")
+	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight")
+	s.Duration(&c.lease, "lease", "SENDER_LEASE", 0, 0, time.Hour, "how long a claimed row is held for its attempt (0: 2*SMS_API_TIMEOUT+5s)")
+	s.Duration(&c.retryBase, "retry-base", "RETRY_BASE", 500*time.Millisecond, time.Millisecond, time.Hour, "backoff base: delay ~ U(0, min(cap, base*2^attempt))")
+	s.Duration(&c.retryCap, "retry-cap", "RETRY_CAP", 60*time.Second, time.Millisecond, 24*time.Hour, "backoff cap")
+	s.Duration(&c.dbTimeout, "db-timeout", "DB_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
+	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown")
+	s.Check(func() error {
+		if c.retryCap < c.retryBase {
+			return fmt.Errorf("-retry-cap / RETRY_CAP (%s) is below -retry-base / RETRY_BASE (%s)", c.retryCap, c.retryBase)
+		}
+		if c.lease != 0 && c.lease <= c.apiTimeout {
+			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed -sms-api-timeout / SMS_API_TIMEOUT (%s)", c.lease, c.apiTimeout)
+		}
+		if _, err := parseCodes(c.permanentCodes); err != nil {
+			return fmt.Errorf("-sms-permanent-codes / SMS_PERMANENT_CODES: %w", err)
+		}
+		return nil
+	})
+}
+
+func parseCodes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var c config
+	s := envflag.New("sender", getenv, stderr)
+	bind(s, &c)
+	if err := s.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "sender: configuration: %v\n", err)
+		return 2
+	}
+	log, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "sender: %v\n", err)
+		return 2
+	}
+	log = log.With("component", "sender")
+	if err := runSender(ctx, c, log); err != nil {
+		log.Error("sender failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func runSender(ctx context.Context, c config, log *slog.Logger) error {
+	codes, _ := parseCodes(c.permanentCodes)
+	prov, err := provider.New(provider.Config{
+		BaseURL: c.apiBase, APIKey: c.apiKey, Timeout: c.apiTimeout, Idempotent: c.idempotent,
+		PermanentCodes: codes, MaxConns: c.concurrency,
+	})
+	if err != nil {
+		return fmt.Errorf("SMS_API_BASE: %w", err)
+	}
+
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	poolCfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	// One connection per claim and status-write loop, plus headroom.
+	poolCfg.MaxConns = max(poolCfg.MaxConns, 8)
+	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(startCtx); err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	nc, js, err := natsconn.Connect(natsconn.Config{
+		URL: c.natsURL, Name: "sendonce-sender", ConnectTimeout: 10 * time.Second, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	topo, err := streams.Default()
+	if err != nil {
+		return err
+	}
+	if err := topo.Ensure(startCtx, js); err != nil {
+		return err
+	}
+
+	reg := telemetry.NewRegistry()
+	snd, err := sender.New(sender.Config{
+		Pool: pool, JetStream: js, Provider: prov, Concurrency: c.concurrency,
+		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.dbTimeout,
+		Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	if c.httpAddr != "" {
+		srv, err := telemetry.Listen(c.httpAddr, reg, func(ctx context.Context) error {
+			if err := pool.Ping(ctx); err != nil {
+				return fmt.Errorf("postgres: %w", err)
+			}
+			return topo.Check(ctx, js)
+		}, log)
+		if err != nil {
+			return fmt.Errorf("HTTP_ADDR: %w", err)
+		}
+		go func() {
+			if err := srv.Serve(); err != nil {
+				log.Error("http server failed", "err", err)
+			}
+		}()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	log.Info("sender started", "concurrency", c.concurrency, "idempotent_provider", c.idempotent, "api_timeout", c.apiTimeout)
+
+	done := make(chan error, 1)
+	go func() { done <- snd.Run(ctx) }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		select {
+		case err = <-done:
+		case <-time.After(c.shutdown):
+			return fmt.Errorf("shutdown did not finish within %s", c.shutdown)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := natsconn.Drain(nc, 5*time.Second); err != nil {
+		log.Warn("nats drain", "err", err)
+	}
+	log.Info("sender stopped")
+	return nil
+}

@@ -1,0 +1,222 @@
+// Package envflag binds each setting of a program to a command-line flag and
+// an environment variable: the flag wins, then the variable, then the
+// default. A bad value stops start-up with an error naming the flag or the
+// variable it came from; "-h" lists every setting with its variable and
+// default. Secrets can also be read from a file named by VAR_FILE.
+package envflag
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Set is a set of settings.
+type Set struct {
+	fs     *flag.FlagSet
+	getenv func(string) string
+	errs   []error
+	checks []func() error
+	byFlag map[string]string // flag name -> env var
+}
+
+// New returns a Set for the program name. getenv is os.Getenv in main and a
+// map lookup in tests.
+func New(name string, getenv func(string) string, output io.Writer) *Set {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(output)
+	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}}
+	fs.Usage = func() {
+		fmt.Fprintf(output, "Usage of %s (flags override environment variables):\n", name)
+		fs.VisitAll(func(f *flag.Flag) {
+			env := s.byFlag[f.Name]
+			def := f.DefValue
+			if def == "" {
+				def = `""`
+			}
+			fmt.Fprintf(output, "  -%s  (env %s, default %s)\n      %s\n", f.Name, env, def, f.Usage)
+		})
+	}
+	return s
+}
+
+// FlagSet returns the underlying flag set.
+func (s *Set) FlagSet() *flag.FlagSet { return s.fs }
+
+func (s *Set) env(name, env string) (string, bool) {
+	s.byFlag[name] = env
+	v := s.getenv(env)
+	return v, v != ""
+}
+
+func (s *Set) fail(env string, raw string, err error) {
+	s.errs = append(s.errs, fmt.Errorf("%s=%q: %v", env, raw, err))
+}
+
+// String binds a string setting.
+func (s *Set) String(p *string, name, env, def, usage string) {
+	if v, ok := s.env(name, env); ok {
+		def = v
+	}
+	s.fs.StringVar(p, name, def, usage)
+}
+
+// Secret binds a string setting that may also come from the file named by
+// ENV_FILE (trailing newlines trimmed). Its value is never printed.
+func (s *Set) Secret(p *string, name, env, usage string) {
+	v, _ := s.env(name, env)
+	if path := s.getenv(env + "_FILE"); path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			s.errs = append(s.errs, fmt.Errorf("%s_FILE: %v", env, err))
+		} else if v != "" {
+			s.errs = append(s.errs, fmt.Errorf("%s and %s_FILE are both set; use one", env, env))
+		} else {
+			v = strings.TrimRight(string(b), "\r\n")
+		}
+	}
+	*p = v
+	s.fs.Func(name, usage+" (also "+env+"_FILE)", func(x string) error { *p = x; return nil })
+}
+
+// Int binds an integer setting within [lo, hi].
+func (s *Set) Int(p *int, name, env string, def, lo, hi int, usage string) {
+	if raw, ok := s.env(name, env); ok {
+		v, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil {
+			s.fail(env, raw, errors.New("not an integer"))
+		} else {
+			def = v
+		}
+	}
+	s.fs.IntVar(p, name, def, usage)
+	s.checks = append(s.checks, func() error {
+		if *p < lo || *p > hi {
+			return fmt.Errorf("-%s / %s = %d: must be between %d and %d", name, env, *p, lo, hi)
+		}
+		return nil
+	})
+}
+
+// Float binds a float setting within [lo, hi].
+func (s *Set) Float(p *float64, name, env string, def, lo, hi float64, usage string) {
+	if raw, ok := s.env(name, env); ok {
+		v, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
+		if err != nil {
+			s.fail(env, raw, errors.New("not a number"))
+		} else {
+			def = v
+		}
+	}
+	s.fs.Float64Var(p, name, def, usage)
+	s.checks = append(s.checks, func() error {
+		if !(*p >= lo && *p <= hi) {
+			return fmt.Errorf("-%s / %s = %g: must be between %g and %g", name, env, *p, lo, hi)
+		}
+		return nil
+	})
+}
+
+// Duration binds a Go duration setting within [lo, hi].
+func (s *Set) Duration(p *time.Duration, name, env string, def, lo, hi time.Duration, usage string) {
+	if raw, ok := s.env(name, env); ok {
+		v, err := time.ParseDuration(strings.TrimSpace(raw))
+		if err != nil {
+			s.fail(env, raw, errors.New("not a Go duration such as 500ms, 10s or 2m"))
+		} else {
+			def = v
+		}
+	}
+	s.fs.DurationVar(p, name, def, usage)
+	s.checks = append(s.checks, func() error {
+		if *p < lo || *p > hi {
+			return fmt.Errorf("-%s / %s = %s: must be between %s and %s", name, env, *p, lo, hi)
+		}
+		return nil
+	})
+}
+
+// Bool binds a boolean setting.
+func (s *Set) Bool(p *bool, name, env string, def bool, usage string) {
+	if raw, ok := s.env(name, env); ok {
+		v, err := strconv.ParseBool(strings.TrimSpace(raw))
+		if err != nil {
+			s.fail(env, raw, errors.New("not a boolean (true or false)"))
+		} else {
+			def = v
+		}
+	}
+	s.fs.BoolVar(p, name, def, usage)
+}
+
+// Enum binds a string setting that must be one of choices.
+func (s *Set) Enum(p *string, name, env, def string, choices []string, usage string) {
+	s.String(p, name, env, def, usage+" ("+strings.Join(choices, ", ")+")")
+	s.checks = append(s.checks, func() error {
+		for _, c := range choices {
+			if *p == c {
+				return nil
+			}
+		}
+		return fmt.Errorf("-%s / %s = %q: must be one of %s", name, env, *p, strings.Join(choices, ", "))
+	})
+}
+
+// Required marks a string setting that must be non-empty.
+func (s *Set) Required(p *string, name string) {
+	env := s.byFlag[name]
+	s.checks = append(s.checks, func() error {
+		if strings.TrimSpace(*p) == "" {
+			return fmt.Errorf("-%s / %s is required", name, env)
+		}
+		return nil
+	})
+}
+
+// URL checks that a string setting, when set, is an absolute URL with one of
+// the schemes.
+func (s *Set) URL(p *string, name string, schemes ...string) {
+	env := s.byFlag[name]
+	s.checks = append(s.checks, func() error {
+		if *p == "" {
+			return nil
+		}
+		u, err := url.Parse(*p)
+		if err == nil && u.Host != "" {
+			for _, sc := range schemes {
+				if u.Scheme == sc {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("-%s / %s: want an absolute %s URL", name, env, strings.Join(schemes, " or "))
+	})
+}
+
+// Check adds a cross-setting check run after parsing.
+func (s *Set) Check(fn func() error) { s.checks = append(s.checks, fn) }
+
+// Parse parses args (without the program name) and runs every check. It
+// returns flag.ErrHelp for -h. Errors from environment variables are
+// reported together, each naming its variable.
+func (s *Set) Parse(args []string) error {
+	if err := s.fs.Parse(args); err != nil {
+		return err
+	}
+	if len(s.errs) > 0 {
+		return errors.Join(s.errs...)
+	}
+	var errs []error
+	for _, c := range s.checks {
+		if err := c(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

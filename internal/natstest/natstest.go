@@ -1,0 +1,115 @@
+// Package natstest runs an embedded NATS server with JetStream for a test, on
+// a random port with its store in the test's temporary directory, and creates
+// the streams and consumers from the repository's nats/ files.
+package natstest
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/embednats"
+	"github.com/sendonce/sendonce/internal/streams"
+)
+
+// Server is a test's NATS server. Restart keeps its port and store.
+type Server struct {
+	t    testing.TB
+	dir  string
+	port int
+	opts func(*server.Options)
+	srv  *server.Server
+}
+
+// Start starts a server for t, shut down when t ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartWith(t, nil)
+}
+
+// StartWith is Start with a hook that adjusts the server options (auth, TLS).
+func StartWith(t testing.TB, opts func(*server.Options)) *Server {
+	t.Helper()
+	s := &Server{t: t, dir: t.TempDir(), opts: opts}
+	srv, err := embednats.Start(embednats.Config{StoreDir: s.dir, Options: opts})
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	s.srv = srv
+	_, portStr, _ := net.SplitHostPort(srv.Addr().String())
+	s.port, _ = strconv.Atoi(portStr)
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// URL returns the client URL, stable across restarts.
+func (s *Server) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Port returns the client port.
+func (s *Server) Port() int { return s.port }
+
+// Stop shuts the server down and waits until it is gone.
+func (s *Server) Stop() {
+	if s.srv == nil {
+		return
+	}
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+	s.srv = nil
+}
+
+// Restart stops the server (if running) and starts it again on the same port
+// and store directory.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.srv, err = embednats.Start(embednats.Config{Port: s.port, StoreDir: s.dir, Options: s.opts})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		s.t.Fatalf("natstest: restart: %v", err)
+	}
+}
+
+// Connect returns a connection closed when the test ends.
+func (s *Server) Connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(s.URL(), opts...)
+	if err != nil {
+		t.Fatalf("natstest: connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("natstest: jetstream: %v", err)
+	}
+	return nc, js
+}
+
+// EnsureTopology creates the streams and consumers of nats/ on the server.
+func (s *Server) EnsureTopology(t testing.TB) *streams.Topology {
+	t.Helper()
+	topo, err := streams.Default()
+	if err != nil {
+		t.Fatalf("natstest: load topology: %v", err)
+	}
+	_, js := s.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := topo.Ensure(ctx, js); err != nil {
+		t.Fatalf("natstest: ensure topology: %v", err)
+	}
+	return topo
+}

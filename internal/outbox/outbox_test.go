@@ -1,0 +1,326 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+)
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, to, body string
+		field          string // "" = valid
+	}{
+		{"ok", "+15551234567", "Your code is 482901", ""},
+		{"shortest number", "+12", "x", ""},
+		{"longest number", "+123456789012345", "x", ""},
+		{"max body", "+15551234567", strings.Repeat("é", 1600), ""},
+		{"no plus", "15551234567", "x", "to"},
+		{"leading zero", "+05551234567", "x", "to"},
+		{"too long", "+1234567890123456", "x", "to"},
+		{"letters", "+1555ABC4567", "x", "to"},
+		{"spaces", "+1 555 123 4567", "x", "to"},
+		{"empty to", "", "x", "to"},
+		{"empty body", "+15551234567", "", "body"},
+		{"oversize body", "+15551234567", strings.Repeat("a", 1601), "body"},
+		{"invalid utf8", "+15551234567", "\xff\xfe", "body"},
+		{"nul", "+15551234567", "a\x00b", "body"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := outbox.Validate(tt.to, tt.body)
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			var ve *outbox.ValidationError
+			if !errors.As(err, &ve) || ve.Field != tt.field || !errors.Is(err, outbox.ErrInvalid) {
+				t.Fatalf("Validate = %v, want a ValidationError on %q", err, tt.field)
+			}
+			if tt.to != "" && strings.Contains(err.Error(), tt.to) {
+				t.Fatalf("error %q echoes the phone number", err)
+			}
+		})
+	}
+}
+
+func enqueue(t *testing.T, pool *pgxpool.Pool, to, body string) uuid.UUID {
+	t.Helper()
+	var id uuid.UUID
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = outbox.Enqueue(context.Background(), tx, to, body)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Enqueue: %v", err)
+	}
+	return id
+}
+
+func TestEnqueueAndStatus(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	id := enqueue(t, pool, "+15551234567", "hello")
+	st, err := outbox.Status(ctx, pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != outbox.StatusPending || st.Attempts != 0 || st.ID != id {
+		t.Fatalf("Status = %+v", st)
+	}
+	if _, err := outbox.Status(ctx, pool, uuid.New()); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("Status(unknown) = %v, want ErrNotFound", err)
+	}
+
+	// A rolled-back transaction leaves nothing behind: the intent exists
+	// only if the business change commits.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rolled, err := outbox.Enqueue(ctx, tx, "+15551234567", "never")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+	if _, err := outbox.Status(ctx, pool, rolled); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("rolled-back row: %v, want ErrNotFound", err)
+	}
+}
+
+func TestDatabaseRefusesBadRows(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	insert := func(to, body string) error {
+		_, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3)`, uuid.New(), to, body)
+		return err
+	}
+	wantCheck := func(t *testing.T, err error, constraint string) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+			t.Fatalf("err = %v, want check_violation", err)
+		}
+		if constraint != "" && pgErr.ConstraintName != constraint {
+			t.Fatalf("constraint = %q, want %q", pgErr.ConstraintName, constraint)
+		}
+	}
+	t.Run("bad e164", func(t *testing.T) {
+		for _, to := range []string{"5551234567", "+0123", "+1", "+1234567890123456", "+1 555", ""} {
+			wantCheck(t, insert(to, "x"), "sms_outbox_to_e164_format")
+		}
+	})
+	t.Run("empty body", func(t *testing.T) { wantCheck(t, insert("+15551234567", ""), "sms_outbox_body_length") })
+	t.Run("oversize body", func(t *testing.T) {
+		wantCheck(t, insert("+15551234567", strings.Repeat("a", 1601)), "sms_outbox_body_length")
+	})
+	t.Run("bad status", func(t *testing.T) {
+		_, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status) VALUES ($1, '+15551234567', 'x', 'done')`, uuid.New())
+		wantCheck(t, err, "sms_outbox_status_valid")
+	})
+	t.Run("intent is immutable", func(t *testing.T) {
+		id := enqueue(t, pool, "+15551234567", "original")
+		for _, stmt := range []string{
+			`UPDATE sms_outbox SET body = 'changed' WHERE id = $1`,
+			`UPDATE sms_outbox SET to_e164 = '+15550000000' WHERE id = $1`,
+			`UPDATE sms_outbox SET id = gen_random_uuid() WHERE id = $1`,
+		} {
+			_, err := pool.Exec(ctx, stmt, id)
+			wantCheck(t, err, "")
+		}
+		// Updating the same value is refused too? No: only a change is.
+		if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET body = body, status = 'queued' WHERE id = $1`, id); err != nil {
+			t.Fatalf("unchanged intent with a status change: %v", err)
+		}
+		var body string
+		if err := pool.QueryRow(ctx, `SELECT body FROM sms_outbox WHERE id = $1`, id).Scan(&body); err != nil || body != "original" {
+			t.Fatalf("body = %q, %v", body, err)
+		}
+	})
+	t.Run("edge rows accepted", func(t *testing.T) {
+		if err := insert("+123456789012345", strings.Repeat("ü", 1600)); err != nil {
+			t.Fatalf("1600 multibyte characters: %v", err)
+		}
+	})
+}
+
+func TestRelayClaimSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	for i := 0; i < 10; i++ {
+		enqueue(t, pool, "+15551234567", "x")
+	}
+	tx1, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx1.Rollback(ctx)
+	first, err := outbox.ClaimPending(ctx, tx1, 6)
+	if err != nil || len(first) != 6 {
+		t.Fatalf("claim 1: %d rows, %v", len(first), err)
+	}
+	tx2, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx)
+	second, err := outbox.ClaimPending(ctx, tx2, 6)
+	if err != nil || len(second) != 4 {
+		t.Fatalf("claim 2: %d rows, %v (want the 4 unlocked)", len(second), err)
+	}
+	seen := map[uuid.UUID]bool{}
+	for _, p := range append(first, second...) {
+		if seen[p.ID] {
+			t.Fatalf("row %s claimed twice", p.ID)
+		}
+		seen[p.ID] = true
+	}
+	ids := make([]uuid.UUID, len(second))
+	for i, p := range second {
+		ids[i] = p.ID
+	}
+	if n, err := outbox.MarkQueued(ctx, tx2, ids); err != nil || n != 4 {
+		t.Fatalf("MarkQueued = %d, %v", n, err)
+	}
+	if err := tx2.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx1.Rollback(ctx)
+	var pending, queued int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status='pending'), count(*) FILTER (WHERE status='queued') FROM sms_outbox`).Scan(&pending, &queued)
+	if pending != 6 || queued != 4 {
+		t.Fatalf("pending=%d queued=%d, want 6 and 4 (a rolled-back claim returns rows)", pending, queued)
+	}
+}
+
+func TestClaimForSend(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	lease := 2 * time.Second
+	queued := enqueue(t, pool, "+15551234567", "a")
+	pending := enqueue(t, pool, "+15551234568", "b")
+	sent := enqueue(t, pool, "+15551234569", "c")
+	stale := enqueue(t, pool, "+15551234570", "d")
+	live := enqueue(t, pool, "+15551234571", "e")
+	waiting := enqueue(t, pool, "+15551234572", "f")
+	missing := uuid.New()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE sms_outbox SET status='queued' WHERE id = $1`, queued)
+	exec(`UPDATE sms_outbox SET status='sent', provider_ref='msg_1' WHERE id = $1`, sent)
+	exec(`UPDATE sms_outbox SET status='sending', attempt_count=1, updated_at=now()-interval '1 hour' WHERE id = $1`, stale)
+	exec(`UPDATE sms_outbox SET status='sending', attempt_count=1, updated_at=now() WHERE id = $1`, live)
+	exec(`UPDATE sms_outbox SET status='queued', attempt_count=1, next_attempt_at=now()+interval '1 minute' WHERE id = $1`, waiting)
+
+	claims, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued, pending, sent, stale, live, waiting, missing, queued}, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uuid.UUID]outbox.Claim{}
+	for _, c := range claims {
+		got[c.ID] = c
+	}
+	if len(claims) != 7 {
+		t.Fatalf("%d claims, want 7 (one per distinct id)", len(claims))
+	}
+	want := map[uuid.UUID]outbox.ClaimResult{
+		queued: outbox.Claimed, pending: outbox.Claimed, sent: outbox.AlreadyTerminal,
+		stale: outbox.ClaimedStale, live: outbox.Leased, waiting: outbox.Leased, missing: outbox.NotFound,
+	}
+	for id, w := range want {
+		if got[id].Result != w {
+			t.Errorf("row %s: result %d, want %d", id, got[id].Result, w)
+		}
+	}
+	if c := got[queued]; c.To != "+15551234567" || c.Body != "a" || c.Attempt != 1 || c.MaxAttempts != 8 {
+		t.Errorf("claimed row = %+v", c)
+	}
+	if c := got[stale]; c.Attempt != 2 {
+		t.Errorf("stale row attempt = %d, want 2", c.Attempt)
+	}
+	if c := got[live]; c.LeaseLeft <= 0 || c.LeaseLeft > lease {
+		t.Errorf("live lease left = %s", c.LeaseLeft)
+	}
+	if c := got[waiting]; c.LeaseLeft < 50*time.Second {
+		t.Errorf("waiting row: wait %s, want about a minute", c.LeaseLeft)
+	}
+	// A second claim of the same rows finds them leased: a concurrent
+	// delivery never calls the provider.
+	again, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued}, lease)
+	if err != nil || len(again) != 1 || again[0].Result != outbox.Leased {
+		t.Fatalf("second claim = %+v, %v; want Leased", again, err)
+	}
+}
+
+func TestWriteResultsGuards(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	a := enqueue(t, pool, "+15551234567", "a")
+	b := enqueue(t, pool, "+15551234567", "b")
+	c := enqueue(t, pool, "+15551234567", "c")
+	if _, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{a, b, c}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	write := func(rs ...outbox.Result) int64 {
+		t.Helper()
+		var n int64
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			n, err = outbox.WriteResults(ctx, tx, rs)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	n := write(
+		outbox.Result{ID: a, Status: outbox.StatusSent, ProviderRef: "msg_a"},
+		outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "http 503", RetryAt: time.Now().Add(time.Second)},
+		outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400"},
+	)
+	if n != 3 {
+		t.Fatalf("first write changed %d rows, want 3", n)
+	}
+	// Late or duplicate outcomes never move a terminal row.
+	n = write(
+		outbox.Result{ID: a, Status: outbox.StatusDead, Error: "late"},
+		outbox.Result{ID: c, Status: outbox.StatusSent, ProviderRef: "msg_c"},
+		outbox.Result{ID: a, Status: outbox.StatusQueued, Error: "late retry"},
+	)
+	if n != 0 {
+		t.Fatalf("late writes changed %d rows, want 0", n)
+	}
+	for id, want := range map[uuid.UUID]outbox.State{a: outbox.StatusSent, b: outbox.StatusQueued, c: outbox.StatusDead} {
+		st, err := outbox.Status(ctx, pool, id)
+		if err != nil || st.Status != want {
+			t.Errorf("row %s: %+v, %v; want %s", id, st, err, want)
+		}
+	}
+	if st, _ := outbox.Status(ctx, pool, a); st.ProviderRef != "msg_a" {
+		t.Errorf("provider_ref = %q", st.ProviderRef)
+	}
+}

@@ -1,0 +1,66 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Pending is a row the relay has claimed for publication.
+type Pending struct {
+	// ID is the row id and idempotency key.
+	ID uuid.UUID
+	// Gen is the row's publish generation; see MsgID.
+	Gen int32
+}
+
+// MsgID returns the Nats-Msg-Id of this publication: the id for generation 0
+// and "id:N" after a deliberate republish, so that JetStream deduplicates a
+// crash-and-retry of the same publication but not a republish.
+func (p Pending) MsgID() string { return MsgID(p.ID, p.Gen) }
+
+// MsgID returns the Nats-Msg-Id of generation gen of row id.
+func MsgID(id uuid.UUID, gen int32) string {
+	if gen == 0 {
+		return id.String()
+	}
+	return fmt.Sprintf("%s:%d", id, gen)
+}
+
+// ClaimPending locks up to limit pending rows, oldest first, skipping rows
+// another relay holds. The locks last until tx ends: the relay publishes,
+// waits for the PubAcks, marks the acknowledged rows queued and commits, so a
+// crash anywhere in between returns the rows to pending and the republish is
+// deduplicated by JetStream.
+func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) {
+	rows, _ := tx.Query(ctx, `SELECT id, publish_gen FROM sms_outbox
+		WHERE status = 'pending'
+		ORDER BY created_at
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED`, limit)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pending, error) {
+		var p Pending
+		err := r.Scan(&p.ID, &p.Gen)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim pending rows: %w", err)
+	}
+	return out, nil
+}
+
+// MarkQueued moves the rows ids, whose publication JetStream acknowledged,
+// from pending to queued, and returns how many rows it moved.
+func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tag, err := tx.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', updated_at = now()
+		WHERE id = ANY($1) AND status = 'pending'`, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: mark queued: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

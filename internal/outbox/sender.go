@@ -1,0 +1,215 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimResult says what a sender found when it claimed a row for one attempt.
+type ClaimResult int
+
+// The results of ClaimForSend, one per requested id.
+const (
+	// Claimed: the row is now sending and the attempt may call the provider.
+	Claimed ClaimResult = iota + 1
+	// ClaimedStale: as Claimed, but the row was found sending with an expired
+	// lease: an earlier attempt died mid-call and its outcome is unknown.
+	ClaimedStale
+	// AlreadyTerminal: the row is sent, dead or unknown; ack and skip.
+	AlreadyTerminal
+	// Leased: another attempt holds a live lease (a concurrent delivery of
+	// the same row), or the row waits for its retry time (a second copy of
+	// its message); back off for LeaseLeft without calling the provider.
+	Leased
+	// NotFound: no row has this id; the message did not come from the relay.
+	NotFound
+)
+
+// Claim is one row as a sender's claim found it.
+type Claim struct {
+	// ID is the row id and idempotency key.
+	ID uuid.UUID
+	// Result is what the claim found.
+	Result ClaimResult
+	// Prev is the status before the claim.
+	Prev State
+	// To and Body are the message (set when claimed).
+	To, Body string
+	// Attempt is the number of this attempt, counting from 1 (set when
+	// claimed; the claim increments attempt_count).
+	Attempt int
+	// MaxAttempts is the row's attempt budget.
+	MaxAttempts int
+	// Gen is the row's publish generation.
+	Gen int32
+	// CreatedAt is the row's insert time, for commit-to-sent latency.
+	CreatedAt time.Time
+	// LeaseLeft is how long a live lease still runs (set when Leased).
+	LeaseLeft time.Duration
+}
+
+// ClaimForSend claims the rows ids for one provider attempt each and returns
+// one Claim per distinct id, in no particular order. A row is claimed from
+// pending (the relay's commit may lose the race with the delivery), queued
+// once its next_attempt_at is due (within a second, for clock skew), or
+// sending with a lease older than lease; claiming sets it sending,
+// increments attempt_count and renews the lease. Rows are locked in id order,
+// so concurrent claims of overlapping sets cannot deadlock; a row the relay
+// still holds is waited for, and then seen as queued.
+func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, lease time.Duration) ([]Claim, error) {
+	rows, _ := q.Query(ctx, `
+WITH want AS (
+	SELECT DISTINCT unnest($1::uuid[]) AS id
+), cur AS (
+	SELECT o.id, o.status, o.updated_at, o.next_attempt_at
+	FROM sms_outbox o JOIN want USING (id)
+	ORDER BY o.id
+	FOR UPDATE OF o
+), upd AS (
+	UPDATE sms_outbox o
+	SET status = 'sending', attempt_count = o.attempt_count + 1, updated_at = now()
+	FROM cur
+	WHERE o.id = cur.id
+	  AND (cur.status = 'pending'
+	       OR (cur.status = 'queued' AND cur.next_attempt_at <= now() + interval '1 second')
+	       OR (cur.status = 'sending' AND cur.updated_at <= now() - $2::interval))
+	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at
+)
+SELECT want.id, cur.status, cur.updated_at, cur.next_attempt_at, upd.id IS NOT NULL,
+       upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
+       now()
+FROM want
+LEFT JOIN cur ON cur.id = want.id
+LEFT JOIN upd ON upd.id = want.id`, ids, lease)
+	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
+		var (
+			c         Claim
+			prev      *string
+			touched   *time.Time
+			due       *time.Time
+			claimed   bool
+			to, body  *string
+			attempt   *int32
+			maxAtt    *int32
+			gen       *int32
+			createdAt *time.Time
+			now       time.Time
+		)
+		if err := r.Scan(&c.ID, &prev, &touched, &due, &claimed, &to, &body, &attempt, &maxAtt, &gen, &createdAt, &now); err != nil {
+			return c, err
+		}
+		switch {
+		case prev == nil:
+			c.Result = NotFound
+			return c, nil
+		case claimed:
+			c.Prev = State(*prev)
+			c.Result = Claimed
+			if c.Prev == StatusSending {
+				c.Result = ClaimedStale
+			}
+			c.To, c.Body = *to, *body
+			c.Attempt, c.MaxAttempts, c.Gen = int(*attempt), int(*maxAtt), *gen
+			c.CreatedAt = *createdAt
+		default:
+			c.Prev = State(*prev)
+			if c.Prev.Terminal() {
+				c.Result = AlreadyTerminal
+			} else {
+				c.Result = Leased
+				if c.Prev == StatusQueued {
+					c.LeaseLeft = max(0, due.Sub(now))
+				} else {
+					c.LeaseLeft = max(0, touched.Add(lease).Sub(now))
+				}
+			}
+		}
+		return c, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim rows for sending: %w", err)
+	}
+	return claims, nil
+}
+
+// Result is the outcome of one attempt, to be written to its row.
+type Result struct {
+	// ID is the row id.
+	ID uuid.UUID
+	// Status is the row's new status: StatusSent, StatusQueued (a retry),
+	// StatusDead or StatusUnknown.
+	Status State
+	// ProviderRef is the provider's message id (StatusSent).
+	ProviderRef string
+	// Error is the failure, without personal data (other statuses).
+	Error string
+	// RetryAt is when the next attempt is due (StatusQueued).
+	RetryAt time.Time
+}
+
+// WriteResults writes a batch of attempt outcomes in three statements. Each
+// write is guarded so it never moves a row backwards: sent is written over
+// any non-terminal status (the provider accepted, whatever else happened),
+// a retry only over sending, dead and unknown over any non-terminal status.
+// It returns how many rows changed.
+func WriteResults(ctx context.Context, tx pgx.Tx, results []Result) (int64, error) {
+	var (
+		sentIDs, retryIDs, endIDs []uuid.UUID
+		refs, retryErrs, endErrs  []string
+		retryAt                   []time.Time
+		endStatus                 []string
+	)
+	for _, r := range results {
+		switch r.Status {
+		case StatusSent:
+			sentIDs = append(sentIDs, r.ID)
+			refs = append(refs, r.ProviderRef)
+		case StatusQueued:
+			retryIDs = append(retryIDs, r.ID)
+			retryErrs = append(retryErrs, r.Error)
+			retryAt = append(retryAt, r.RetryAt)
+		case StatusDead, StatusUnknown:
+			endIDs = append(endIDs, r.ID)
+			endErrs = append(endErrs, r.Error)
+			endStatus = append(endStatus, string(r.Status))
+		default:
+			return 0, fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
+		}
+	}
+	var n int64
+	if len(sentIDs) > 0 {
+		tag, err := tx.Exec(ctx, `UPDATE sms_outbox o
+			SET status = 'sent', provider_ref = v.ref, last_error = NULL, updated_at = now()
+			FROM unnest($1::uuid[], $2::text[]) AS v(id, ref)
+			WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, sentIDs, refs)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: write sent: %w", err)
+		}
+		n += tag.RowsAffected()
+	}
+	if len(retryIDs) > 0 {
+		tag, err := tx.Exec(ctx, `UPDATE sms_outbox o
+			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now()
+			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS v(id, err, at)
+			WHERE o.id = v.id AND o.status = 'sending'`, retryIDs, retryErrs, retryAt)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: write retries: %w", err)
+		}
+		n += tag.RowsAffected()
+	}
+	if len(endIDs) > 0 {
+		tag, err := tx.Exec(ctx, `UPDATE sms_outbox o
+			SET status = v.status, last_error = v.err, updated_at = now()
+			FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, status, err)
+			WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, endIDs, endStatus, endErrs)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: write dead and unknown: %w", err)
+		}
+		n += tag.RowsAffected()
+	}
+	return n, nil
+}

@@ -1,0 +1,327 @@
+package provider
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultPermanentCodes are provider error codes that no retry can fix
+// (Twilio's numbering, which several providers share): 21211 invalid To,
+// 21214 To cannot be reached, 21614 To is not a mobile number, 21610 the
+// recipient unsubscribed, 21612 unroutable.
+var DefaultPermanentCodes = []int{21211, 21214, 21614, 21610, 21612}
+
+// MaxResponseBytes is the most of a response body read; a larger body is
+// classified as malformed, never read into memory whole.
+const MaxResponseBytes = 64 << 10
+
+// Message is one send request.
+type Message struct {
+	// Key is the idempotency key: the outbox row id, the same on every attempt.
+	Key string
+	// To is the E.164 destination.
+	To string
+	// Body is the text.
+	Body string
+}
+
+// Config configures a generic provider client (DESIGN 4.4).
+type Config struct {
+	// BaseURL is the provider's base URL; POSTs go to BaseURL/v1/messages.
+	// Required.
+	BaseURL string
+	// APIKey is sent as "Authorization: Bearer APIKey" when non-empty.
+	APIKey string
+	// Timeout bounds each attempt, from dialing to the last response byte;
+	// default 10s.
+	Timeout time.Duration
+	// ConnectTimeout bounds dialing; default min(Timeout, 5s).
+	ConnectTimeout time.Duration
+	// Idempotent declares that the provider honours Idempotency-Key. When
+	// false, an attempt that may have reached the provider and lost its
+	// answer is Ambiguous instead of Retry: the safe zero value.
+	Idempotent bool
+	// PermanentCodes are provider error codes classified Permanent in
+	// addition to DefaultPermanentCodes.
+	PermanentCodes []int
+	// MaxConns sizes the keep-alive pool: set it to the sender's
+	// concurrency. Default 64.
+	MaxConns int
+	// MaxRetryAfter caps a provider's Retry-After; default 1h.
+	MaxRetryAfter time.Duration
+	// Transport, when set, replaces the default transport (tests).
+	Transport http.RoundTripper
+}
+
+// Client sends messages through a provider's generic HTTP API.
+type Client struct {
+	cfg       Config
+	endpoint  string
+	auth      string
+	http      *http.Client
+	permanent []int
+}
+
+// New returns a client, or an error naming the invalid setting.
+func New(cfg Config) (*Client, error) {
+	cfg.Timeout = cmp.Or(cfg.Timeout, 10*time.Second)
+	cfg.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, min(cfg.Timeout, 5*time.Second))
+	cfg.MaxConns = cmp.Or(cfg.MaxConns, 64)
+	cfg.MaxRetryAfter = cmp.Or(cfg.MaxRetryAfter, time.Hour)
+	u, err := url.Parse(cfg.BaseURL)
+	switch {
+	case cfg.BaseURL == "":
+		return nil, errors.New("provider: BaseURL is required")
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return nil, errors.New("provider: BaseURL must be an absolute http or https URL")
+	case cfg.Timeout < 0 || cfg.ConnectTimeout < 0:
+		return nil, errors.New("provider: timeouts must be positive")
+	case cfg.MaxConns < 1:
+		return nil, errors.New("provider: MaxConns must be at least 1")
+	}
+	tr := cfg.Transport
+	if tr == nil {
+		dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+		tr = &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			DialContext:         dialer.DialContext,
+			MaxIdleConns:        cfg.MaxConns,
+			MaxIdleConnsPerHost: cfg.MaxConns,
+			IdleConnTimeout:     90 * time.Second,
+			TLSHandshakeTimeout: cfg.ConnectTimeout,
+			ForceAttemptHTTP2:   true,
+		}
+	}
+	c := &Client{
+		cfg:      cfg,
+		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/v1/messages",
+		http: &http.Client{
+			Transport: tr,
+			// A redirect is never followed: it would resend the message
+			// somewhere the operator did not configure.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		permanent: append(slices.Clone(DefaultPermanentCodes), cfg.PermanentCodes...),
+	}
+	if cfg.APIKey != "" {
+		c.auth = "Bearer " + cfg.APIKey
+	}
+	return c, nil
+}
+
+// Idempotent reports whether the provider honours idempotency keys.
+func (c *Client) Idempotent() bool { return c.cfg.Idempotent }
+
+// Timeout returns the bound on one attempt.
+func (c *Client) Timeout() time.Duration { return c.cfg.Timeout }
+
+// Send makes one attempt to send m and classifies its result. It never
+// panics on a provider's answer, whatever its shape.
+func (c *Client) Send(ctx context.Context, m Message) Outcome {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+
+	body, err := json.Marshal(struct {
+		To   string `json:"to"`
+		Body string `json:"body"`
+	}{m.To, m.Body})
+	if err != nil {
+		return Outcome{Kind: Permanent, Reason: "encode request: " + err.Error(), Latency: time.Since(start)}
+	}
+	// Set by the transport's writer goroutine once the whole request is on
+	// the wire: from then on the provider may have acted on it.
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return Outcome{Kind: Permanent, Reason: "build request: " + scrub(err.Error()), Latency: time.Since(start)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Idempotency-Key", m.Key)
+	req.Header.Set("User-Agent", "sendonce")
+	if c.auth != "" {
+		req.Header.Set("Authorization", c.auth)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		o := c.transportFailure(err, wrote.Load())
+		o.Latency = time.Since(start)
+		return o
+	}
+	defer resp.Body.Close()
+	data, readErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	o := c.classify(resp, data, readErr)
+	o.Latency = time.Since(start)
+	return o
+}
+
+// transportFailure classifies an attempt that produced no response. Before
+// the request was written nothing reached the provider, so a retry is safe
+// everywhere; after, only a provider that honours the key makes it safe.
+func (c *Client) transportFailure(err error, wrote bool) Outcome {
+	what := describe(err)
+	if !wrote {
+		return Outcome{Kind: Retry, Reason: "request not sent: " + what}
+	}
+	if c.cfg.Idempotent {
+		return Outcome{Kind: Retry, Reason: "no response after the request was sent: " + what}
+	}
+	return Outcome{Kind: Ambiguous, Reason: "no response after the request was sent: " + what}
+}
+
+func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outcome {
+	status := resp.StatusCode
+	if readErr != nil {
+		o := c.transportFailure(readErr, true)
+		o.HTTPStatus = status
+		o.Reason = fmt.Sprintf("response body lost: %s", describe(readErr))
+		return o
+	}
+	oversize := len(data) > MaxResponseBytes
+	if status >= 200 && status < 300 {
+		var ok struct {
+			ID string `json:"id"`
+		}
+		// The provider accepted: that is the fact that matters, even when
+		// its answer cannot be read. A retry would replay the same answer.
+		o := Outcome{Kind: Sent, HTTPStatus: status}
+		if oversize || json.Unmarshal(data, &ok) != nil || ok.ID == "" || len(ok.ID) > 200 {
+			o.Reason = "accepted, but the response carries no readable message id"
+			return o
+		}
+		o.Ref = ok.ID
+		return o
+	}
+
+	var e struct {
+		Code    json.Number `json:"code"`
+		Message string      `json:"message"`
+	}
+	code := 0
+	reason := http.StatusText(status)
+	if !oversize && json.Unmarshal(data, &e) == nil {
+		if n, err := e.Code.Int64(); err == nil && n > 0 && n < 1<<31 {
+			code = int(n)
+		}
+		if e.Message != "" {
+			reason = scrub(e.Message)
+		}
+	}
+	if reason == "" {
+		reason = "unexpected status"
+	}
+	o := Outcome{HTTPStatus: status, Code: code, Reason: reason}
+	switch {
+	case code != 0 && slices.Contains(c.permanent, code):
+		o.Kind = Permanent
+	case status == 429:
+		o.Kind = Retry
+		o.After = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter)
+	case status == 408 || status == 409 || status == 425:
+		// The request was not processed (timeout before processing, key
+		// in flight, too early): retrying with the same key is safe.
+		o.Kind = Retry
+	case status >= 500:
+		if !c.cfg.Idempotent {
+			// The provider may have sent before failing, and would send again.
+			o.Kind = Ambiguous
+			break
+		}
+		o.Kind = Retry
+		if status == 503 {
+			o.After = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter)
+		}
+	default:
+		// 400, 401, 403, 404, 422 and every other 4xx, and the 1xx and 3xx
+		// a client that follows no redirects must not see: a retry would
+		// get the same answer.
+		o.Kind = Permanent
+	}
+	return o
+}
+
+// describe names a transport error without echoing URLs' query strings or
+// anything the provider sent.
+func describe(err error) string {
+	var ne net.Error
+	var opErr *net.OpError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		if opErr.Timeout() {
+			return "connect timeout"
+		}
+		return "connect failed: " + scrub(opErr.Err.Error())
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		return "connection closed by the provider"
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return scrub(ue.Err.Error())
+	}
+	return scrub(err.Error())
+}
+
+// scrub makes provider text safe to log: runs of six or more digits (phone
+// numbers) become "#", and the text is cut to 200 bytes.
+func scrub(s string) string {
+	var b strings.Builder
+	run := 0
+	flush := func(digits string) {
+		if len(digits) >= 6 {
+			b.WriteByte('#')
+		} else {
+			b.WriteString(digits)
+		}
+	}
+	start := -1
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		if ch >= '0' && ch <= '9' {
+			if run == 0 {
+				start = i
+			}
+			run++
+			continue
+		}
+		if run > 0 {
+			flush(s[start:i])
+			run = 0
+		}
+		b.WriteByte(ch)
+	}
+	if run > 0 {
+		flush(s[start:])
+	}
+	out := b.String()
+	if len(out) > 200 {
+		out = out[:200]
+	}
+	return strings.ToValidUTF8(out, "")
+}

@@ -1,0 +1,71 @@
+// Package provider calls SMS providers over HTTP and classifies every result
+// as a value: sent, retry (after a delay), permanent, or ambiguous. It knows
+// nothing of JetStream or SQL; the sender maps outcomes to acks and statuses.
+package provider
+
+import (
+	"fmt"
+	"time"
+)
+
+// Kind is the class of an attempt's outcome.
+type Kind int
+
+// The outcome classes (DESIGN 5).
+const (
+	// Sent: the provider accepted the message; Ref is its id.
+	Sent Kind = iota + 1
+	// Retry: the attempt failed in a way another attempt with the same key
+	// may fix; After, when non-zero, is the provider's Retry-After.
+	Retry
+	// Permanent: retrying cannot help (bad request, bad number, bad
+	// credentials); the message is dead.
+	Permanent
+	// Ambiguous: the request may have reached a provider that offers no
+	// idempotency, so another attempt could send twice; never retried.
+	Ambiguous
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Sent:
+		return "sent"
+	case Retry:
+		return "retry"
+	case Permanent:
+		return "permanent"
+	case Ambiguous:
+		return "ambiguous"
+	}
+	return fmt.Sprintf("kind(%d)", int(k))
+}
+
+// Outcome is the classified result of one attempt. Its fields never hold a
+// phone number, a body or a credential.
+type Outcome struct {
+	// Kind is the class.
+	Kind Kind
+	// Ref is the provider's message id (Sent).
+	Ref string
+	// After is the provider's Retry-After (Retry), zero when it gave none.
+	After time.Duration
+	// HTTPStatus is the response status, 0 when no response was read.
+	HTTPStatus int
+	// Code is the provider's error code, 0 when none.
+	Code int
+	// Reason is a short description fit for logs and last_error.
+	Reason string
+	// Latency is the attempt's wall time.
+	Latency time.Duration
+}
+
+// Error returns the outcome as last_error text: status, code and reason.
+func (o Outcome) Error() string {
+	switch {
+	case o.HTTPStatus != 0 && o.Code != 0:
+		return fmt.Sprintf("http %d, provider code %d: %s", o.HTTPStatus, o.Code, o.Reason)
+	case o.HTTPStatus != 0:
+		return fmt.Sprintf("http %d: %s", o.HTTPStatus, o.Reason)
+	}
+	return o.Reason
+}

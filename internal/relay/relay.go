@@ -1,0 +1,332 @@
+// Package relay moves committed outbox rows into JetStream.
+//
+// One batch is one transaction: claim pending rows with FOR UPDATE SKIP
+// LOCKED, publish each asynchronously with Nats-Msg-Id = its publication id,
+// wait for the PubAcks, mark the acknowledged rows queued, commit. A crash at
+// any point rolls the rows back to pending, and their republication is
+// deduplicated by JetStream (inside the stream's Duplicates window) or made
+// harmless by the senders' claim (after it). Several relays share the work
+// through SKIP LOCKED.
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+// Channel is the LISTEN/NOTIFY channel the outbox insert trigger notifies.
+const Channel = "sms_outbox"
+
+// Config configures a Relay.
+type Config struct {
+	// Pool is the database pool; required.
+	Pool *pgxpool.Pool
+	// JetStream publishes; required.
+	JetStream jetstream.JetStream
+	// Subject to publish to; default "sms.send".
+	Subject string
+	// Stream the subject belongs to; publications expect it. Default "SMS".
+	Stream string
+	// BatchSize is the most rows claimed per transaction; default 500.
+	BatchSize int
+	// PublishWindow is the most publications awaiting their PubAck at once;
+	// default 1024.
+	PublishWindow int
+	// PollInterval is how often the relay looks for rows without a
+	// notification: the fallback when a NOTIFY is lost; default 1s.
+	PollInterval time.Duration
+	// AckTimeout bounds the wait for a batch's PubAcks; rows not acknowledged
+	// by then stay pending and are published again. Default 10s.
+	AckTimeout time.Duration
+	// DBTimeout bounds each database round trip; default 10s.
+	DBTimeout time.Duration
+	// Logger receives the relay's logs; default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the relay's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() {
+	c.Subject = cmp.Or(c.Subject, "sms.send")
+	c.Stream = cmp.Or(c.Stream, "SMS")
+	c.BatchSize = cmp.Or(c.BatchSize, 500)
+	c.PublishWindow = cmp.Or(c.PublishWindow, 1024)
+	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.AckTimeout = cmp.Or(c.AckTimeout, 10*time.Second)
+	c.DBTimeout = cmp.Or(c.DBTimeout, 10*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("relay: Config.Pool is required")
+	case c.JetStream == nil:
+		return errors.New("relay: Config.JetStream is required")
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("relay: BatchSize %d is outside 1..10000", c.BatchSize)
+	case c.PublishWindow < 1:
+		return fmt.Errorf("relay: PublishWindow %d must be at least 1", c.PublishWindow)
+	case c.PollInterval < 10*time.Millisecond:
+		return fmt.Errorf("relay: PollInterval %s is below 10ms", c.PollInterval)
+	case c.AckTimeout <= 0:
+		return fmt.Errorf("relay: AckTimeout %s must be positive", c.AckTimeout)
+	case c.DBTimeout <= 0:
+		return fmt.Errorf("relay: DBTimeout %s must be positive", c.DBTimeout)
+	}
+	return nil
+}
+
+// Relay publishes pending outbox rows to JetStream.
+type Relay struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	// afterAcks runs after a batch's PubAcks and before the queued write; a
+	// test hook that simulates a crash there by returning an error.
+	afterAcks func() error
+}
+
+// New returns a Relay, or an error naming the invalid setting.
+func New(cfg Config) (*Relay, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{cfg: cfg, log: cfg.Logger.With("component", "relay"), metrics: m}, nil
+}
+
+// Run relays until ctx is done, then finishes the batch in hand and returns
+// nil. Transient database and NATS errors are logged and retried with
+// backoff; they never end Run.
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	listenDone := make(chan struct{})
+	go func() {
+		defer close(listenDone)
+		r.listen(ctx, wake)
+	}()
+	defer func() { <-listenDone }()
+
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	failures := 0
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		// The batch runs to completion on shutdown: its own timeouts bound it.
+		n, err := r.RelayBatch(context.WithoutCancel(ctx))
+		if err != nil {
+			failures++
+			d := backoff(failures)
+			r.log.WarnContext(ctx, "relay batch failed", "err", err, "retry_in", d)
+			if !sleep(ctx, d) {
+				return nil
+			}
+			continue
+		}
+		failures = 0
+		if n == r.cfg.BatchSize {
+			continue // more rows are likely waiting
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// RelayBatch relays one batch and returns how many rows it marked queued.
+func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
+	start := time.Now()
+	dbCtx, cancel := context.WithTimeout(ctx, r.cfg.DBTimeout+r.cfg.AckTimeout+r.cfg.DBTimeout)
+	defer cancel()
+	tx, err := r.cfg.Pool.Begin(dbCtx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+
+	claimCtx, cancelClaim := context.WithTimeout(dbCtx, r.cfg.DBTimeout)
+	rows, err := outbox.ClaimPending(claimCtx, tx, r.cfg.BatchSize)
+	cancelClaim()
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) == 0 {
+		return 0, tx.Commit(dbCtx)
+	}
+
+	acked, pubErr := r.publish(ctx, rows)
+	if r.afterAcks != nil {
+		if err := r.afterAcks(); err != nil {
+			return 0, err
+		}
+	}
+	markCtx, cancelMark := context.WithTimeout(dbCtx, r.cfg.DBTimeout)
+	defer cancelMark()
+	n, err := outbox.MarkQueued(markCtx, tx, acked)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(markCtx); err != nil {
+		return 0, fmt.Errorf("commit queued rows: %w", err)
+	}
+	r.metrics.observeBatch(len(rows), int(n), time.Since(start))
+	if pubErr != nil {
+		return int(n), fmt.Errorf("publish: %d of %d rows not acknowledged: %w", len(rows)-len(acked), len(rows), pubErr)
+	}
+	return int(n), nil
+}
+
+// publish publishes rows with at most PublishWindow awaiting their PubAck
+// and returns the ids JetStream acknowledged (a duplicate counts: the message
+// is in the stream) and the first error.
+func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID, error) {
+	futures := make([]jetstream.PubAckFuture, len(rows))
+	acked := make([]uuid.UUID, 0, len(rows))
+	var firstErr error
+	deadline := time.NewTimer(r.cfg.AckTimeout)
+	defer deadline.Stop()
+	timedOut := false
+
+	await := func(i int) {
+		f := futures[i]
+		if f == nil || timedOut {
+			return
+		}
+		select {
+		case <-f.Ok():
+			acked = append(acked, rows[i].ID)
+		case err := <-f.Err():
+			if firstErr == nil {
+				firstErr = err
+			}
+		case <-deadline.C:
+			timedOut = true
+			if firstErr == nil {
+				firstErr = fmt.Errorf("no PubAck within %s", r.cfg.AckTimeout)
+			}
+		}
+	}
+
+	payload := make([]byte, 0, 64*len(rows))
+	next := 0 // the oldest publication not yet awaited
+	for i, p := range rows {
+		for i-next >= r.cfg.PublishWindow {
+			await(next)
+			next++
+		}
+		if timedOut {
+			break
+		}
+		start := len(payload)
+		payload = wire.AppendEncode(payload, wire.Send{ID: p.ID, Gen: p.Gen})
+		msg := &nats.Msg{Subject: r.cfg.Subject, Data: payload[start:len(payload):len(payload)]}
+		f, err := r.cfg.JetStream.PublishMsgAsync(msg,
+			jetstream.WithMsgID(p.MsgID()), jetstream.WithExpectStream(r.cfg.Stream))
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			break
+		}
+		futures[i] = f
+	}
+	for ; next < len(rows); next++ {
+		await(next)
+	}
+	r.metrics.published.Add(float64(len(acked)))
+	if firstErr != nil {
+		r.metrics.publishErrors.Inc()
+	}
+	return acked, firstErr
+}
+
+// listen holds a LISTEN on its own connection and signals wake at every
+// notification. It is only a hint: polling finds every row anyway.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	failures := 0
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		d := backoff(failures)
+		r.log.WarnContext(ctx, "listen connection lost; polling meanwhile", "err", err, "retry_in", d)
+		if !sleep(ctx, d) {
+			return
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+	connCtx, cancel := context.WithTimeout(ctx, r.cfg.DBTimeout)
+	conn, err := pgx.ConnectConfig(connCtx, r.cfg.Pool.Config().ConnConfig.Copy())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	signal(wake) // rows may have arrived while not listening
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		signal(wake)
+	}
+}
+
+func signal(c chan<- struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// backoff returns a full-jitter delay for the n-th consecutive failure,
+// between 0 and min(5s, 100ms*2^n).
+func backoff(n int) time.Duration {
+	ceiling := min(5*time.Second, 100*time.Millisecond<<min(n, 10))
+	return time.Duration(rand.Int64N(int64(ceiling)) + 1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,60 @@
+package sender
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	outcomes        *prometheus.CounterVec
+	deadLetters     *prometheus.CounterVec
+	providerSeconds prometheus.Histogram
+	commitToSent    prometheus.Histogram
+	redeliveries    prometheus.Counter
+	skipped         prometheus.Counter
+	leased          prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_sender_attempts_total",
+			Help: "Provider attempts and decisions by outcome class (sent, retry, permanent, ambiguous, max_attempts, invalid).",
+		}, []string{"outcome"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_dead_letters_total",
+			Help: "Dead letters published, by reason.",
+		}, []string{"reason"}),
+		providerSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sendonce_provider_request_duration_seconds",
+			Help:    "Wall time of one provider attempt.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		commitToSent: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sendonce_commit_to_sent_seconds",
+			Help:    "Time from the outbox insert to the committed sent status.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
+		}),
+		redeliveries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_sender_redeliveries_total",
+			Help: "Messages received more than once from JetStream.",
+		}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_sender_terminal_skips_total",
+			Help: "Deliveries acked without a call because the row was already terminal.",
+		}),
+		leased: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_sender_lease_backoffs_total",
+			Help: "Deliveries backed off because another attempt held the row or it awaited its retry time.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("sender: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,608 @@
+// Package sender turns sms.send messages into provider calls, exactly once as
+// the user sees it.
+//
+// Per message: claim the row in Postgres (a terminal row is acked and
+// skipped; a row another attempt holds is backed off), call the provider with
+// Idempotency-Key = row id, classify, publish a dead letter if the message is
+// finished without being sent, write the status (batched), and only after
+// that commit Ack, NakWithDelay or Term. A crash anywhere leaves the message
+// unacknowledged and the row claimable again once its lease expires, and the
+// next attempt carries the same key.
+package sender
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+// Provider is what the sender needs of a provider client.
+type Provider interface {
+	// Send makes one attempt and classifies it.
+	Send(ctx context.Context, m provider.Message) provider.Outcome
+	// Idempotent reports whether the provider honours idempotency keys.
+	Idempotent() bool
+	// Timeout is the bound on one attempt.
+	Timeout() time.Duration
+}
+
+// Config configures a Sender.
+type Config struct {
+	// Pool is the database pool; required.
+	Pool *pgxpool.Pool
+	// JetStream consumes and publishes dead letters; required.
+	JetStream jetstream.JetStream
+	// Provider sends; required.
+	Provider Provider
+	// Stream and Consumer name the durable pull consumer; default "SMS"
+	// and "senders".
+	Stream, Consumer string
+	// DeadLetterSubject and DeadLetterStream receive dead letters; default
+	// "sms.dlq" and "SMS_DLQ".
+	DeadLetterSubject, DeadLetterStream string
+	// Concurrency is the most provider calls in flight; default 32.
+	Concurrency int
+	// ClaimBatch is the most messages claimed in one database round trip;
+	// default Concurrency.
+	ClaimBatch int
+	// WriteBatch is the most status writes committed together; default 256.
+	WriteBatch int
+	// Lease is how long a claimed row is held for its attempt: a claim that
+	// finds a row sending and touched within Lease backs off, one that finds
+	// it older takes over. It must exceed the provider timeout plus the
+	// status write; default 2*provider timeout + 5s.
+	Lease time.Duration
+	// RetryBase and RetryCap shape the full-jitter backoff between attempts:
+	// U(0, min(RetryCap, RetryBase*2^attempt)). Default 500ms and 60s.
+	RetryBase, RetryCap time.Duration
+	// DBTimeout bounds each database round trip; default 10s.
+	DBTimeout time.Duration
+	// PublishTimeout bounds a dead letter's publication; default 10s.
+	PublishTimeout time.Duration
+	// Logger receives the sender's logs; default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the sender's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() {
+	c.Stream = cmp.Or(c.Stream, "SMS")
+	c.Consumer = cmp.Or(c.Consumer, "senders")
+	c.DeadLetterSubject = cmp.Or(c.DeadLetterSubject, "sms.dlq")
+	c.DeadLetterStream = cmp.Or(c.DeadLetterStream, "SMS_DLQ")
+	c.Concurrency = cmp.Or(c.Concurrency, 32)
+	c.ClaimBatch = cmp.Or(c.ClaimBatch, c.Concurrency)
+	c.WriteBatch = cmp.Or(c.WriteBatch, 256)
+	if c.Provider != nil {
+		c.Lease = cmp.Or(c.Lease, 2*c.Provider.Timeout()+5*time.Second)
+	}
+	c.RetryBase = cmp.Or(c.RetryBase, 500*time.Millisecond)
+	c.RetryCap = cmp.Or(c.RetryCap, 60*time.Second)
+	c.DBTimeout = cmp.Or(c.DBTimeout, 10*time.Second)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, 10*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("sender: Config.Pool is required")
+	case c.JetStream == nil:
+		return errors.New("sender: Config.JetStream is required")
+	case c.Provider == nil:
+		return errors.New("sender: Config.Provider is required")
+	case c.Concurrency < 1 || c.Concurrency > 10000:
+		return fmt.Errorf("sender: Concurrency %d is outside 1..10000", c.Concurrency)
+	case c.ClaimBatch < 1:
+		return fmt.Errorf("sender: ClaimBatch %d must be at least 1", c.ClaimBatch)
+	case c.WriteBatch < 1:
+		return fmt.Errorf("sender: WriteBatch %d must be at least 1", c.WriteBatch)
+	case c.Lease <= c.Provider.Timeout():
+		return fmt.Errorf("sender: Lease %s must exceed the provider timeout %s", c.Lease, c.Provider.Timeout())
+	case c.RetryBase <= 0:
+		return fmt.Errorf("sender: RetryBase %s must be positive", c.RetryBase)
+	case c.RetryCap < c.RetryBase:
+		return fmt.Errorf("sender: RetryCap %s is below RetryBase %s", c.RetryCap, c.RetryBase)
+	case c.DBTimeout <= 0 || c.PublishTimeout <= 0:
+		return errors.New("sender: DBTimeout and PublishTimeout must be positive")
+	}
+	return nil
+}
+
+// Sender consumes sms.send and calls the provider.
+type Sender struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+}
+
+// New returns a Sender, or an error naming the invalid setting.
+func New(cfg Config) (*Sender, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Sender{cfg: cfg, log: cfg.Logger.With("component", "sender"), metrics: m}, nil
+}
+
+// action is what to tell JetStream once the status write committed.
+type action int
+
+const (
+	ack action = iota + 1
+	nak
+	term
+)
+
+// result is one finished attempt on its way to the status writer.
+type result struct {
+	msg       jetstream.Msg
+	row       outbox.Result
+	action    action
+	delay     time.Duration // for nak
+	createdAt time.Time
+}
+
+// Run consumes until ctx is done, then stops fetching, finishes the attempts
+// in flight and their status writes and acks, and returns nil.
+func (s *Sender) Run(ctx context.Context) error {
+	cons, err := s.cfg.JetStream.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer)
+	if err != nil {
+		return fmt.Errorf("sender: look up consumer %s on stream %s: %w", s.cfg.Consumer, s.cfg.Stream, err)
+	}
+	heartbeat := heartbeatInterval(cons.CachedInfo().Config)
+
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.Concurrency + s.cfg.ClaimBatch))
+	if err != nil {
+		return fmt.Errorf("sender: start consuming: %w", err)
+	}
+	in := make(chan jetstream.Msg)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		s.read(ctx, it, in)
+	}()
+
+	results := make(chan result, s.cfg.Concurrency+s.cfg.WriteBatch)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		s.writeLoop(results)
+	}()
+
+	var workers sync.WaitGroup
+	slots := make(chan struct{}, s.cfg.Concurrency)
+	s.claimLoop(ctx, in, slots, results, &workers, heartbeat)
+
+	// Shutdown: stop fetching, give back what was fetched but not started,
+	// let the attempts in flight finish and their statuses be written.
+	it.Stop()
+	<-readerDone
+	workers.Wait()
+	close(results)
+	<-writerDone
+	return nil
+}
+
+// read moves messages from the iterator to in until the iterator is stopped.
+func (s *Sender) read(ctx context.Context, it jetstream.MessagesContext, in chan<- jetstream.Msg) {
+	failures := 0
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return
+			}
+			failures++
+			s.log.Warn("fetch failed", "err", err)
+			if !sleep(ctx, min(5*time.Second, 50*time.Millisecond<<min(failures, 7))) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		select {
+		case in <- m:
+		case <-ctx.Done():
+			// Fetched but never started: hand it back for another sender.
+			_ = m.Nak()
+			return
+		}
+	}
+}
+
+// claimLoop takes messages as slots free up, claims them in batches and
+// starts one worker per claimed row. It returns when ctx is done.
+func (s *Sender) claimLoop(ctx context.Context, in <-chan jetstream.Msg, slots chan struct{}, results chan<- result, workers *sync.WaitGroup, heartbeat time.Duration) {
+	batch := make([]jetstream.Msg, 0, s.cfg.ClaimBatch)
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case m := <-in:
+			batch = append(batch[:0], m)
+		case <-ctx.Done():
+			<-slots
+			return
+		}
+		// Take whatever else is already waiting, while slots are free.
+	more:
+		for len(batch) < s.cfg.ClaimBatch {
+			select {
+			case slots <- struct{}{}:
+			default:
+				break more
+			}
+			select {
+			case m := <-in:
+				batch = append(batch, m)
+			default:
+				<-slots
+				break more
+			}
+		}
+		s.claimBatch(ctx, batch, slots, results, workers, heartbeat)
+	}
+}
+
+// claimBatch claims the rows of batch, which holds one slot per message, and
+// starts a worker per claimed row; every other message gets its answer here
+// and gives its slot back.
+func (s *Sender) claimBatch(ctx context.Context, batch []jetstream.Msg, slots chan struct{}, results chan<- result, workers *sync.WaitGroup, heartbeat time.Duration) {
+	release := func() { <-slots }
+	byID := make(map[uuid.UUID][]jetstream.Msg, len(batch))
+	ids := make([]uuid.UUID, 0, len(batch))
+	gens := make(map[uuid.UUID]int32, len(batch))
+	for _, m := range batch {
+		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+			s.metrics.redeliveries.Inc()
+		}
+		p, err := wire.Decode(m.Data())
+		if err != nil {
+			s.rejectInvalid(ctx, m, uuid.Nil, err.Error())
+			release()
+			continue
+		}
+		if _, seen := byID[p.ID]; !seen {
+			ids = append(ids, p.ID)
+		}
+		byID[p.ID] = append(byID[p.ID], m)
+		gens[p.ID] = p.Gen
+	}
+	if len(ids) == 0 {
+		return
+	}
+	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DBTimeout)
+	claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, s.cfg.Lease)
+	cancel()
+	if err != nil {
+		// Nothing was claimed: let JetStream deliver these again shortly.
+		d := jitter(time.Second)
+		s.log.Warn("claim failed; messages will be redelivered", "err", err, "messages", len(batch), "retry_in", d)
+		for _, id := range ids {
+			for _, m := range byID[id] {
+				_ = m.NakWithDelay(d)
+				release()
+			}
+		}
+		sleep(ctx, d)
+		return
+	}
+	for _, c := range claims {
+		msgs := byID[c.ID]
+		// A second copy of the same row in one batch (a republication)
+		// waits for the first copy's attempt like any concurrent delivery.
+		for _, m := range msgs[1:] {
+			_ = m.NakWithDelay(s.cfg.Lease)
+			release()
+		}
+		m := msgs[0]
+		switch c.Result {
+		case outbox.Claimed, outbox.ClaimedStale:
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				defer release()
+				s.attempt(ctx, m, c, heartbeat, results)
+			}()
+		case outbox.AlreadyTerminal:
+			// The guard that makes a redelivery or a late republication
+			// harmless: this row is finished, never call again.
+			s.metrics.skipped.Inc()
+			_ = m.Ack()
+			release()
+		case outbox.Leased:
+			s.metrics.leased.Inc()
+			_ = m.NakWithDelay(c.LeaseLeft + jitter(time.Second))
+			release()
+		case outbox.NotFound:
+			s.rejectInvalid(ctx, m, c.ID, "no outbox row with this id")
+			release()
+		}
+	}
+}
+
+// attempt makes one provider attempt for a claimed row and hands its result
+// to the status writer.
+func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, heartbeat time.Duration, results chan<- result) {
+	log := s.log.With("outbox_id", c.ID.String(), "attempt", c.Attempt)
+	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID}}
+	finish := func(status outbox.State, reason, errText string, code int) {
+		// Dead letter first: if the process dies after it, the repeat is a
+		// duplicate; the other order would lose it.
+		if err := s.deadLetter(ctx, m, c, reason, errText, code); err != nil {
+			log.Warn("dead letter not published; the row stays leased and will be retried", "err", err, "reason", reason)
+			res.action, res.delay = nak, s.cfg.Lease
+			res.row.Status = "" // no status write
+			results <- res
+			return
+		}
+		res.row.Status, res.row.Error = status, errText
+		res.action = term
+		results <- res
+	}
+
+	switch {
+	case c.Attempt > c.MaxAttempts:
+		s.metrics.outcomes.WithLabelValues("max_attempts").Inc()
+		finish(outbox.StatusDead, wire.ReasonMaxAttempts, fmt.Sprintf("attempts exhausted (%d of %d)", c.Attempt-1, c.MaxAttempts), 0)
+		return
+	case c.Result == outbox.ClaimedStale && !s.cfg.Provider.Idempotent():
+		// An earlier attempt died mid-call at a provider that would send
+		// again: the outcome is unknowable, and a retry could double-send.
+		s.metrics.outcomes.WithLabelValues("ambiguous").Inc()
+		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, "an earlier attempt ended without an outcome (sender died mid-call)", 0)
+		return
+	}
+
+	stop := keepAlive(m, heartbeat)
+	// The call runs to its own timeout even during shutdown: abandoning it
+	// would only leave the outcome unknown.
+	out := s.cfg.Provider.Send(context.WithoutCancel(ctx), provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
+	stop()
+	s.metrics.providerSeconds.Observe(out.Latency.Seconds())
+	s.metrics.outcomes.WithLabelValues(out.Kind.String()).Inc()
+	log.Debug("provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus, "provider_code", out.Code, "latency", out.Latency)
+
+	switch out.Kind {
+	case provider.Sent:
+		res.row.Status, res.row.ProviderRef = outbox.StatusSent, out.Ref
+		res.action = ack
+		results <- res
+	case provider.Retry:
+		if c.Attempt >= c.MaxAttempts {
+			finish(outbox.StatusDead, wire.ReasonMaxAttempts, fmt.Sprintf("attempts exhausted (%d of %d); last: %s", c.Attempt, c.MaxAttempts, out.Error()), out.Code)
+			return
+		}
+		d := out.After
+		if d == 0 {
+			d = Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap)
+		}
+		res.row.Status, res.row.Error, res.row.RetryAt = outbox.StatusQueued, out.Error(), time.Now().Add(d)
+		res.action, res.delay = nak, d
+		results <- res
+	case provider.Permanent:
+		log.Info("permanent failure", "http_status", out.HTTPStatus, "provider_code", out.Code)
+		finish(outbox.StatusDead, wire.ReasonPermanent, out.Error(), out.Code)
+	case provider.Ambiguous:
+		log.Warn("ambiguous outcome at a provider without idempotency; not retried", "http_status", out.HTTPStatus)
+		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, out.Error(), out.Code)
+	default:
+		finish(outbox.StatusDead, wire.ReasonPermanent, "unclassified provider outcome", 0)
+	}
+}
+
+// rejectInvalid dead-letters a message that did not come from the relay and
+// terminates it: it can never succeed, and must neither crash nor loop.
+func (s *Sender) rejectInvalid(ctx context.Context, m jetstream.Msg, id uuid.UUID, why string) {
+	s.metrics.outcomes.WithLabelValues("invalid").Inc()
+	c := outbox.Claim{ID: id}
+	if err := s.deadLetter(ctx, m, c, wire.ReasonInvalid, why, 0); err != nil {
+		s.log.Warn("dead letter for an invalid message not published; redelivering later", "err", err)
+		_ = m.NakWithDelay(jitter(5 * time.Second))
+		return
+	}
+	s.log.Warn("invalid message dead-lettered", "reason", why, "outbox_id", id.String())
+	_ = m.Term()
+}
+
+// deadLetter publishes m's payload to the dead-letter subject with the
+// Sendonce-* headers. Its Nats-Msg-Id names the row and publication, so a
+// repeat after a crash is a duplicate.
+func (s *Sender) deadLetter(ctx context.Context, m jetstream.Msg, c outbox.Claim, reason, errText string, code int) error {
+	dl := nats.NewMsg(s.cfg.DeadLetterSubject)
+	dl.Data = m.Data()
+	msgID := "dlq:" + c.ID.String() + ":" + strconv.Itoa(int(c.Gen))
+	if c.ID == uuid.Nil {
+		// No row: key the dead letter by the JetStream message itself.
+		if md, err := m.Metadata(); err == nil {
+			msgID = "dlq:seq:" + strconv.FormatUint(md.Sequence.Stream, 10)
+		}
+	} else {
+		dl.Header.Set(wire.HeaderOutboxID, c.ID.String())
+	}
+	dl.Header.Set(wire.HeaderReason, reason)
+	dl.Header.Set(wire.HeaderError, errText)
+	dl.Header.Set(wire.HeaderAttempts, strconv.Itoa(c.Attempt))
+	dl.Header.Set(wire.HeaderGen, strconv.Itoa(int(c.Gen)))
+	if code != 0 {
+		dl.Header.Set(wire.HeaderProviderCode, strconv.Itoa(code))
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
+	defer cancel()
+	if _, err := s.cfg.JetStream.PublishMsg(pctx, dl, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(s.cfg.DeadLetterStream)); err != nil {
+		return fmt.Errorf("publish dead letter: %w", err)
+	}
+	s.metrics.deadLetters.WithLabelValues(reason).Inc()
+	return nil
+}
+
+// writeLoop commits status writes in batches and only then answers
+// JetStream, until results is closed and drained.
+func (s *Sender) writeLoop(results <-chan result) {
+	batch := make([]result, 0, s.cfg.WriteBatch)
+	rows := make([]outbox.Result, 0, s.cfg.WriteBatch)
+	for {
+		r, ok := <-results
+		if !ok {
+			return
+		}
+		batch = append(batch[:0], r)
+	more:
+		for len(batch) < s.cfg.WriteBatch {
+			select {
+			case r, ok := <-results:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		rows = rows[:0]
+		for _, r := range batch {
+			if r.row.Status != "" {
+				rows = append(rows, r.row)
+			}
+		}
+		if err := s.writeStatuses(rows); err != nil {
+			// Not acked: the row is still leased, and the redelivery after
+			// the lease finds the provider's stored answer under the same key.
+			s.log.Error("status write failed; messages will be redelivered", "err", err, "rows", len(rows))
+			for _, r := range batch {
+				_ = r.msg.NakWithDelay(s.cfg.Lease)
+			}
+			continue
+		}
+		now := time.Now()
+		for _, r := range batch {
+			switch r.action {
+			case ack:
+				_ = r.msg.Ack()
+				if r.row.Status == outbox.StatusSent {
+					s.metrics.commitToSent.Observe(now.Sub(r.createdAt).Seconds())
+				}
+			case nak:
+				_ = r.msg.NakWithDelay(r.delay)
+			case term:
+				_ = r.msg.Term()
+			}
+		}
+	}
+}
+
+func (s *Sender) writeStatuses(rows []outbox.Result) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	var err error
+	for try := 1; try <= 3; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DBTimeout)
+		err = func() error {
+			tx, err := s.cfg.Pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+			if _, err := outbox.WriteResults(ctx, tx, rows); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		time.Sleep(jitter(time.Duration(try) * 200 * time.Millisecond))
+	}
+	return fmt.Errorf("write %d statuses: %w", len(rows), err)
+}
+
+// keepAlive tells JetStream the message is still being worked on every
+// interval, so a slow provider call does not outlive the ack deadline and
+// get redelivered to another sender. It returns the function that stops it.
+func keepAlive(m jetstream.Msg, interval time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// heartbeatInterval returns a third of the consumer's effective ack
+// deadline: with BackOff set, the server uses BackOff[0] instead of AckWait.
+func heartbeatInterval(cfg jetstream.ConsumerConfig) time.Duration {
+	wait := cfg.AckWait
+	if len(cfg.BackOff) > 0 {
+		wait = cfg.BackOff[0]
+	}
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	return max(wait/3, 100*time.Millisecond)
+}
+
+// Backoff returns the full-jitter delay before the attempt after attempt
+// number attempt (counting from 1): U(0, min(cap, base*2^attempt)).
+func Backoff(attempt int, base, cap time.Duration) time.Duration {
+	ceiling := cap
+	if attempt < 62 {
+		if d := base << attempt; d > 0 && d < cap {
+			ceiling = d
+		}
+	}
+	return time.Duration(rand.Int64N(int64(ceiling))) + time.Millisecond
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,169 @@
+// Package streams provides the JetStream topology of sendonce: the work stream,
+// the dead-letter stream and the senders' durable consumer, read from the JSON
+// files in nats/ so that what runs is what is reviewed.
+package streams
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce"
+)
+
+// Names every component agrees on (DESIGN 4.3).
+const (
+	// Stream is the work stream the relay publishes to.
+	Stream = "SMS"
+	// SubjectSend is the subject of one outbox row publication.
+	SubjectSend = "sms.send"
+	// DeadLetterStream stores dead letters.
+	DeadLetterStream = "SMS_DLQ"
+	// SubjectDeadLetter is the subject of dead letters.
+	SubjectDeadLetter = "sms.dlq"
+	// Consumer is the durable pull consumer shared by every sender.
+	Consumer = "senders"
+)
+
+// Topology is the set of streams and consumers that sendonce needs.
+type Topology struct {
+	// Streams in file name order.
+	Streams []jetstream.StreamConfig
+	// Consumers maps a stream name to its consumers' configs.
+	Consumers map[string][]jetstream.ConsumerConfig
+}
+
+// Load reads a topology from fsys: files named STREAM.stream.json hold a
+// stream config, files named STREAM.NAME.consumer.json a consumer config of
+// that stream. Unknown JSON fields are refused, so that a typo in a setting
+// does not silently fall back to a default.
+func Load(fsys fs.FS, dir string) (*Topology, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("read nats config dir: %w", err)
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+
+	t := &Topology{Consumers: map[string][]jetstream.ConsumerConfig{}}
+	for _, name := range names {
+		p := path.Join(dir, name)
+		switch {
+		case strings.HasSuffix(name, ".stream.json"):
+			var cfg jetstream.StreamConfig
+			if err := decodeFile(fsys, p, &cfg); err != nil {
+				return nil, err
+			}
+			if want := strings.TrimSuffix(name, ".stream.json"); cfg.Name != want {
+				return nil, fmt.Errorf("%s: stream name %q does not match the file name", p, cfg.Name)
+			}
+			t.Streams = append(t.Streams, cfg)
+		case strings.HasSuffix(name, ".consumer.json"):
+			stream, durable, ok := strings.Cut(strings.TrimSuffix(name, ".consumer.json"), ".")
+			if !ok {
+				return nil, fmt.Errorf("%s: consumer files are named STREAM.NAME.consumer.json", p)
+			}
+			var cfg jetstream.ConsumerConfig
+			if err := decodeFile(fsys, p, &cfg); err != nil {
+				return nil, err
+			}
+			if cfg.Durable != durable {
+				return nil, fmt.Errorf("%s: durable_name %q does not match the file name", p, cfg.Durable)
+			}
+			t.Consumers[stream] = append(t.Consumers[stream], cfg)
+		}
+	}
+	for stream := range t.Consumers {
+		if _, err := t.Stream(stream); err != nil {
+			return nil, fmt.Errorf("consumer config for unknown stream: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// Default returns the topology embedded from the repository's nats/ directory.
+func Default() (*Topology, error) {
+	return Load(sendonce.NATSConfig, "nats")
+}
+
+// Stream returns the config of the named stream.
+func (t *Topology) Stream(name string) (jetstream.StreamConfig, error) {
+	for _, s := range t.Streams {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	return jetstream.StreamConfig{}, fmt.Errorf("stream %q is not defined", name)
+}
+
+// Consumer returns the config of the named consumer of stream.
+func (t *Topology) Consumer(stream, name string) (jetstream.ConsumerConfig, error) {
+	for _, c := range t.Consumers[stream] {
+		if c.Durable == name {
+			return c, nil
+		}
+	}
+	return jetstream.ConsumerConfig{}, fmt.Errorf("consumer %q of stream %q is not defined", name, stream)
+}
+
+// Ensure creates or updates every stream and consumer of t, so that a fresh
+// NATS server needs no manual step. It is idempotent, and safe when several
+// processes run it at once.
+func (t *Topology) Ensure(ctx context.Context, js jetstream.JetStream) error {
+	for _, cfg := range t.Streams {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+		}
+	}
+	streamNames := make([]string, 0, len(t.Consumers))
+	for s := range t.Consumers {
+		streamNames = append(streamNames, s)
+	}
+	sort.Strings(streamNames)
+	for _, s := range streamNames {
+		for _, cfg := range t.Consumers[s] {
+			if _, err := js.CreateOrUpdateConsumer(ctx, s, cfg); err != nil {
+				return fmt.Errorf("create or update consumer %s on stream %s: %w", cfg.Durable, s, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Check reports an error unless every stream of t exists; it serves readiness
+// probes.
+func (t *Topology) Check(ctx context.Context, js jetstream.JetStream) error {
+	for _, cfg := range t.Streams {
+		if _, err := js.Stream(ctx, cfg.Name); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("stream %s is missing", cfg.Name)
+			}
+			return fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+func decodeFile(fsys fs.FS, p string, v any) error {
+	f, err := fsys.Open(p)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", p, err)
+	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("decode %s: %w", p, err)
+	}
+	return nil
+}
