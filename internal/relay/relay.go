@@ -330,3 +330,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// SetAfterAcksForTest installs a hook run between a batch's PubAcks and its
+// queued write; an error from it aborts the batch as a crash there would.
+// Only tests call it.
+func SetAfterAcksForTest(r *Relay, fn func() error) { r.afterAcks = fn }

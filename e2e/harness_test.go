@@ -1,0 +1,348 @@
+// Package e2e runs the whole pipeline on real parts: a Postgres database of
+// its own, an embedded NATS server with the production stream configs, the
+// provider stub over real HTTP, and in-process toxiproxy for network faults.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/toxictest"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+const testAPIKey = "test-api-key-3f9a1c"
+
+type env struct {
+	t       *testing.T
+	pool    *pgxpool.Pool
+	nats    *natstest.Server
+	js      jetstream.JetStream
+	stub    *smsstub.Server
+	stubURL string
+	logs    *logSink
+}
+
+type envOptions struct {
+	stub smsstub.Config
+}
+
+func setup(t *testing.T, opts envOptions) *env {
+	t.Helper()
+	pool, _ := pgtest.NewPool(t)
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t)
+	_, js := srv.Connect(t)
+	cfg := opts.stub
+	cfg.APIKey = testAPIKey
+	stub, err := smsstub.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(stub.Handler())
+	t.Cleanup(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+		_ = stub.Close()
+	})
+	return &env{t: t, pool: pool, nats: srv, js: js, stub: stub, stubURL: hs.URL, logs: &logSink{t: t}}
+}
+
+// logSink passes every log line to t.Log and keeps it for the scans that
+// check nothing secret is logged.
+type logSink struct {
+	t     *testing.T
+	mu    sync.Mutex
+	lines []string
+}
+
+func (s *logSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	s.lines = append(s.lines, string(p))
+	s.mu.Unlock()
+	s.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func (s *logSink) all() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.lines, "")
+}
+
+func (e *env) logger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// background runs fn(ctx) until the test ends or the returned stop is called.
+func (e *env) background(name string, fn func(ctx context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					e.t.Errorf("%s: %v", name, err)
+				}
+			case <-time.After(60 * time.Second):
+				e.t.Errorf("%s did not stop within 60s", name)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) startRelay(cfg relay.Config) (*relay.Relay, func()) {
+	e.t.Helper()
+	_, js := e.nats.Connect(e.t)
+	cfg.Pool, cfg.JetStream, cfg.Logger = e.pool, js, e.logger()
+	cfg.PollInterval = max(cfg.PollInterval, 100*time.Millisecond)
+	r, err := relay.New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r, e.background("relay", r.Run)
+}
+
+type senderOptions struct {
+	baseURL    string // default: the stub
+	timeout    time.Duration
+	idempotent *bool
+	cfg        sender.Config
+}
+
+func (e *env) startSender(o senderOptions) func() {
+	e.t.Helper()
+	idem := true
+	if o.idempotent != nil {
+		idem = *o.idempotent
+	}
+	prov, err := provider.New(provider.Config{
+		BaseURL: cmpOr(o.baseURL, e.stubURL), APIKey: testAPIKey,
+		Timeout: cmpOr(o.timeout, 5*time.Second), Idempotent: idem,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	// Each sender has its own connection, as separate processes would.
+	_, js := e.nats.Connect(e.t)
+	cfg := o.cfg
+	cfg.Pool, cfg.JetStream, cfg.Provider, cfg.Logger = e.pool, js, prov, e.logger()
+	cfg.RetryBase = cmpOr(cfg.RetryBase, 20*time.Millisecond)
+	cfg.RetryCap = cmpOr(cfg.RetryCap, 200*time.Millisecond)
+	s, err := sender.New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.background("sender", s.Run)
+}
+
+func cmpOr[T comparable](a, b T) T {
+	var zero T
+	if a != zero {
+		return a
+	}
+	return b
+}
+
+// insert commits n rows through outbox.Enqueue, 100 per transaction.
+func (e *env) insert(n int) []uuid.UUID {
+	e.t.Helper()
+	ids := make([]uuid.UUID, 0, n)
+	ctx := context.Background()
+	for len(ids) < n {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			for i := 0; i < 100 && len(ids) < n; i++ {
+				id, err := outbox.Enqueue(ctx, tx, testPhone(len(ids)), testBody(len(ids)))
+				if err != nil {
+					return err
+				}
+				ids = append(ids, id)
+			}
+			return nil
+		})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+func testPhone(i int) string { return fmt.Sprintf("+1555%07d", i) }
+func testBody(i int) string  { return fmt.Sprintf("Your code is %06d", 100000+i) }
+
+type row struct {
+	id       uuid.UUID
+	status   outbox.State
+	attempts int
+	ref      string
+	lastErr  string
+}
+
+func (e *env) rows() map[uuid.UUID]row {
+	e.t.Helper()
+	rs, _ := e.pool.Query(context.Background(),
+		`SELECT id, status, attempt_count, coalesce(provider_ref, ''), coalesce(last_error, '') FROM sms_outbox`)
+	list, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.id, &x.status, &x.attempts, &x.ref, &x.lastErr)
+		return x, err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := make(map[uuid.UUID]row, len(list))
+	for _, x := range list {
+		out[x.id] = x
+	}
+	return out
+}
+
+func (e *env) row(id uuid.UUID) row {
+	e.t.Helper()
+	return e.rows()[id]
+}
+
+// waitTerminal waits until every one of ids has a terminal status.
+func (e *env) waitTerminal(ids []uuid.UUID, d time.Duration) map[uuid.UUID]row {
+	e.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		rows := e.rows()
+		open := 0
+		for _, id := range ids {
+			if !rows[id].status.Terminal() {
+				open++
+			}
+		}
+		if open == 0 {
+			return rows
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d of %d rows not terminal after %s", open, len(ids), d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkOnce asserts I1 for ids: a sent row was delivered exactly once, under
+// its own id as the key, and its provider_ref is the stub's id; no other row
+// was delivered more than once.
+func (e *env) checkOnce(ids []uuid.UUID, rows map[uuid.UUID]row) {
+	e.t.Helper()
+	deliveries := e.stub.Deliveries()
+	for _, id := range ids {
+		r := rows[id]
+		d := deliveries[id.String()]
+		switch {
+		case r.status == outbox.StatusSent && d.Deliveries != 1:
+			e.t.Errorf("row %s is sent with %d deliveries at the provider, want 1", id, d.Deliveries)
+		case r.status == outbox.StatusSent && r.ref != d.ProviderID:
+			e.t.Errorf("row %s: provider_ref %q, stub id %q", id, r.ref, d.ProviderID)
+		case d.Deliveries > 1:
+			e.t.Errorf("row %s (%s) was delivered %d times", id, r.status, d.Deliveries)
+		}
+	}
+	// Every key the provider saw is a row id: keys are never minted per attempt.
+	for key := range deliveries {
+		id, err := uuid.Parse(key)
+		if err != nil {
+			e.t.Errorf("provider saw key %q, not a row id", key)
+			continue
+		}
+		if _, ok := rows[id]; !ok {
+			e.t.Errorf("provider saw key %s, which is no row", key)
+		}
+	}
+}
+
+// checkLogs asserts I5 on everything the components logged.
+func (e *env) checkLogs(ids []uuid.UUID) {
+	e.t.Helper()
+	logs := e.logs.all()
+	if strings.Contains(logs, testAPIKey) {
+		e.t.Error("the API key appears in the logs")
+	}
+	for i := range ids {
+		if strings.Contains(logs, testPhone(i)) {
+			e.t.Fatalf("phone number %d appears in the logs", i)
+		}
+		if strings.Contains(logs, testBody(i)) {
+			e.t.Fatalf("body %d appears in the logs", i)
+		}
+	}
+}
+
+// deadLetters returns the dead letters in SMS_DLQ.
+func (e *env) deadLetters() []jetstream.RawStreamMsg {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := e.js.Stream(ctx, streams.DeadLetterStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, *m)
+	}
+	return out
+}
+
+func deadLetterFor(dls []jetstream.RawStreamMsg, id uuid.UUID) []jetstream.RawStreamMsg {
+	var out []jetstream.RawStreamMsg
+	for _, m := range dls {
+		if m.Header.Get(wire.HeaderOutboxID) == id.String() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// newProxy puts toxiproxy between the senders and the stub.
+func (e *env) newProxy() *toxictest.Proxy {
+	return toxictest.New(e.t, strings.TrimPrefix(e.stubURL, "http://"))
+}

@@ -1,0 +1,287 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+type env struct {
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	nats *natstest.Server
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	pool, _ := pgtest.NewPool(t)
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t)
+	_, js := srv.Connect(t)
+	return &env{pool: pool, js: js, nats: srv}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func (e *env) newRelay(t *testing.T, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	cfg.Pool, cfg.JetStream = e.pool, e.js
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	cfg.PollInterval = max(cfg.PollInterval, 50*time.Millisecond)
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// insert commits n rows in batches, as applications would.
+func (e *env) insert(t *testing.T, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, 0, n)
+	ctx := context.Background()
+	for len(ids) < n {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			for i := 0; i < 100 && len(ids) < n; i++ {
+				id, err := outbox.Enqueue(ctx, tx, fmt.Sprintf("+1555%07d", len(ids)), "test message")
+				if err != nil {
+					return err
+				}
+				ids = append(ids, id)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+func (e *env) countStatus(t *testing.T, status outbox.State) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = $1`, status).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// streamIDs returns the row ids of every message in the SMS stream, with
+// their counts.
+func (e *env) streamIDs(t *testing.T) map[uuid.UUID]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := e.js.Stream(ctx, streams.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uuid.UUID]int{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("get msg %d: %v", seq, err)
+		}
+		p, err := wire.Decode(m.Data)
+		if err != nil {
+			t.Fatalf("msg %d: %v", seq, err)
+		}
+		out[p.ID]++
+	}
+	return out
+}
+
+func run(t *testing.T, r *relay.Relay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func TestRelayPublishesEveryRowOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	reg := prometheus.NewRegistry()
+	run(t, e.newRelay(t, relay.Config{BatchSize: 100, PublishWindow: 16, Registerer: reg}))
+	ids := e.insert(t, 1000)
+	waitFor(t, 30*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	got := e.streamIDs(t)
+	if len(got) != len(ids) {
+		t.Fatalf("stream holds %d distinct ids, want %d", len(got), len(ids))
+	}
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Fatalf("row %s is in the stream %d times", id, got[id])
+		}
+	}
+}
+
+func TestTwoRelaysPublishEachRowOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ids := e.insert(t, 2000) // written before the relays start: both race for them
+	run(t, e.newRelay(t, relay.Config{BatchSize: 50}))
+	run(t, e.newRelay(t, relay.Config{BatchSize: 50}))
+	more := e.insert(t, 1000) // and while they run
+	ids = append(ids, more...)
+	waitFor(t, 60*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	got := e.streamIDs(t)
+	total := 0
+	for _, n := range got {
+		total += n
+	}
+	if total != len(ids) || len(got) != len(ids) {
+		t.Fatalf("stream holds %d messages for %d ids, want %d each", total, len(got), len(ids))
+	}
+}
+
+// A crash between the PubAcks and the queued write: the transaction rolls
+// back, the rows are pending again, and the next publication of each is a
+// JetStream duplicate, so the stream still holds each row once.
+func TestCrashBetweenPubAckAndQueuedWrite(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ids := e.insert(t, 500)
+	var crashes atomic.Int32
+	crashing := e.newRelay(t, relay.Config{BatchSize: 100})
+	relay.SetAfterAcksForTest(crashing, func() error {
+		crashes.Add(1)
+		return errors.New("simulated crash after PubAck")
+	})
+	ctx := context.Background()
+	for range 3 {
+		if _, err := crashing.RelayBatch(ctx); err == nil {
+			t.Fatal("RelayBatch succeeded through the crash hook")
+		}
+	}
+	if n := e.countStatus(t, outbox.StatusPending); n != len(ids) {
+		t.Fatalf("%d rows pending after the crashes, want all %d", n, len(ids))
+	}
+	if got := e.streamIDs(t); len(got) != 100 {
+		t.Fatalf("stream holds %d ids after three crashed batches of the same 100 rows, want 100", len(got))
+	}
+
+	// A relay restarted after the crash finishes the job.
+	run(t, e.newRelay(t, relay.Config{BatchSize: 100}))
+	waitFor(t, 30*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	got := e.streamIDs(t)
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Fatalf("row %s is in the stream %d times, want 1", id, got[id])
+		}
+	}
+	if crashes.Load() != 3 {
+		t.Fatalf("crash hook ran %d times", crashes.Load())
+	}
+}
+
+// The relay survives a broker restart: rows written during the outage are
+// published after it, none is lost.
+func TestRelaySurvivesBrokerRestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	run(t, e.newRelay(t, relay.Config{BatchSize: 100, AckTimeout: time.Second}))
+	first := e.insert(t, 200)
+	waitFor(t, 30*time.Second, "first rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(first) })
+	e.nats.Stop()
+	second := e.insert(t, 200)
+	time.Sleep(300 * time.Millisecond) // let the relay fail against the dead broker
+	e.nats.Restart()
+	waitFor(t, 60*time.Second, "rows written during the outage queued", func() bool {
+		return e.countStatus(t, outbox.StatusQueued) == len(first)+len(second)
+	})
+	got := e.streamIDs(t)
+	for _, id := range append(first, second...) {
+		if got[id] != 1 {
+			t.Fatalf("row %s is in the stream %d times, want 1", id, got[id])
+		}
+	}
+}
+
+// LISTEN wakes the relay long before its poll interval.
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	run(t, e.newRelay(t, relay.Config{PollInterval: time.Hour}))
+	waitFor(t, 20*time.Second, "the relay to LISTEN", func() bool {
+		var n int
+		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN sms_outbox'`).Scan(&n)
+		return err == nil && n == 1
+	})
+	// Let the relay's first (empty) batch and its wake-on-connect pass, so
+	// only a notification can move the next row.
+	waitFor(t, 20*time.Second, "an idle relay", func() bool { return e.countStatus(t, outbox.StatusPending) == 0 })
+	ids := e.insert(t, 1)
+	waitFor(t, 20*time.Second, "row queued without polling", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	bad := []relay.Config{
+		{Pool: e.pool},
+		{JetStream: e.js},
+		{Pool: e.pool, JetStream: e.js, BatchSize: -1},
+		{Pool: e.pool, JetStream: e.js, PollInterval: time.Millisecond},
+		{Pool: e.pool, JetStream: e.js, PublishWindow: -5},
+	}
+	for i, cfg := range bad {
+		if _, err := relay.New(cfg); err == nil {
+			t.Errorf("config %d accepted", i)
+		}
+	}
+}

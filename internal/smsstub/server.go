@@ -1,0 +1,648 @@
+package smsstub
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits of the messages API.
+const (
+	// MaxRequestBytes is the largest /v1/messages request body read; larger
+	// bodies get 413.
+	MaxRequestBytes = 64 << 10
+	// MaxBodyChars is the longest message text accepted, in Unicode code
+	// points; longer texts get 400 code CodeBodyTooLong.
+	MaxBodyChars = 1600
+	// MaxKeyLen is the longest Idempotency-Key accepted, in bytes; it bounds
+	// the memory a misbehaving client can make the stub hold per key.
+	MaxKeyLen = 255
+)
+
+// Provider error codes in the JSON bodies of error responses. They follow
+// Twilio's numbering, which is what the contract was modelled on. Errors
+// that have no provider-specific code (missing key, bad JSON, 409, 422, …)
+// use the HTTP status as their code.
+const (
+	// CodeAuthFailed accompanies 401: missing or wrong API key.
+	CodeAuthFailed = 20003
+	// CodeRateLimited accompanies an injected 429.
+	CodeRateLimited = 20429
+	// CodeInvalidTo accompanies 400 when "to" is not an E.164 number.
+	CodeInvalidTo = 21211
+	// CodeBodyRequired accompanies 400 when "body" is empty.
+	CodeBodyRequired = 21602
+	// CodeBodyTooLong accompanies 400 when "body" exceeds MaxBodyChars.
+	CodeBodyTooLong = 21617
+)
+
+// Delivery is what the stub knows about one idempotency key. It never
+// includes the message text.
+type Delivery struct {
+	// To is the recipient of the last delivery made for the key, empty if
+	// none was made yet.
+	To string `json:"to"`
+	// Deliveries counts the messages actually sent for the key: 1 when
+	// idempotency works, more when the key was resent after its retention
+	// expired or the stub ignores keys.
+	Deliveries int `json:"deliveries"`
+	// Requests counts every authenticated /v1/messages request that carried
+	// the key, whatever its outcome, so tests can see retries reach the stub.
+	Requests int `json:"requests"`
+	// ProviderID is the id minted for the last delivery, empty if none.
+	ProviderID string `json:"provider_id"`
+}
+
+// Stats are the stub's counters since it started or was last reset.
+type Stats struct {
+	// Requests counts every POST /v1/messages, including rejected ones.
+	Requests int64 `json:"requests"`
+	// Deliveries counts messages sent (successes, including withheld ones).
+	Deliveries int64 `json:"deliveries"`
+	// Replays counts stored responses replayed for a seen key.
+	Replays int64 `json:"replays"`
+	// Conflicts counts 409s for a key whose first request was in flight.
+	Conflicts int64 `json:"conflicts"`
+	// Mismatches counts 422s for a key reused with a different body.
+	Mismatches int64 `json:"mismatches"`
+	// Failures counts injected failures (Faults.FailRate).
+	Failures int64 `json:"failures"`
+	// RateLimited counts injected 429s (Faults.RateLimitRate).
+	RateLimited int64 `json:"rate_limited"`
+	// Withheld counts deliveries whose response was withheld.
+	Withheld int64 `json:"withheld"`
+	// Keys is the number of distinct idempotency keys seen.
+	Keys int64 `json:"keys"`
+}
+
+// Server is the stub. Its methods are safe for concurrent use.
+type Server struct {
+	apiKey     []byte
+	retention  time.Duration
+	ignoreKeys bool
+	log        *slog.Logger
+	now        func() time.Time
+	handler    http.Handler
+
+	// done is closed by Close to release withheld and delayed requests, so
+	// that http.Server.Shutdown is not held up by them.
+	done      chan struct{}
+	closeOnce sync.Once
+
+	mu     sync.Mutex
+	faults Faults
+	rng    *mrand.Rand
+	// gen is bumped by Reset so that requests in flight across a reset do
+	// not write into the fresh state.
+	gen     uint64
+	entries map[string]*entry
+	// expiry lists stored entries in the order they were stored; as the
+	// retention is fixed, that is also the order they expire in, so pruning
+	// only ever looks at the head and costs O(1) amortised per request.
+	expiry     []expiryItem
+	expiryHead int
+	records    map[string]*Delivery
+	stats      Stats
+}
+
+// entry is the idempotency cache's state for one key.
+type entry struct {
+	hash [sha256.Size]byte
+	// stored is false while the first request is in flight.
+	stored  bool
+	status  int
+	body    []byte
+	expires time.Time
+}
+
+type expiryItem struct {
+	key string
+	e   *entry
+}
+
+// New returns a Server configured by cfg, or an error naming the first
+// invalid field.
+func New(cfg Config) (*Server, error) {
+	if cfg.Retention < 0 {
+		return nil, fmt.Errorf("smsstub: invalid Retention %v: must not be negative", cfg.Retention)
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
+	faults, err := cfg.Faults.normalized()
+	if err != nil {
+		return nil, fmt.Errorf("smsstub: %w", err)
+	}
+	src := cfg.Rand
+	if src == nil {
+		if cfg.Seed != 0 {
+			src = mrand.NewPCG(uint64(cfg.Seed), uint64(cfg.Seed))
+		} else {
+			src = mrand.NewPCG(mrand.Uint64(), mrand.Uint64())
+		}
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	s := &Server{
+		retention:  cfg.Retention,
+		ignoreKeys: cfg.IgnoreKeys,
+		log:        logger,
+		now:        now,
+		done:       make(chan struct{}),
+		faults:     faults,
+		rng:        mrand.New(src),
+		entries:    make(map[string]*entry),
+		records:    make(map[string]*Delivery),
+	}
+	if cfg.APIKey != "" {
+		s.apiKey = []byte(cfg.APIKey)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/messages", s.handleMessage)
+	mux.HandleFunc("GET /admin/deliveries", s.handleDeliveries)
+	mux.HandleFunc("GET /admin/stats", s.handleStats)
+	mux.HandleFunc("POST /admin/reset", s.handleReset)
+	mux.HandleFunc("GET /admin/faults", s.handleGetFaults)
+	mux.HandleFunc("POST /admin/faults", s.handleSetFaults)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	s.handler = mux
+	return s, nil
+}
+
+// Handler returns the HTTP handler serving the messages and admin APIs.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Close releases every request that is withheld in WithholdHang mode or
+// waiting out its latency, and makes later ones return at once, so that an
+// http.Server's Shutdown can complete. Withheld requests are released by
+// dropping their connection, never by answering them. The Server keeps
+// serving otherwise. Close always returns nil.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() { close(s.done) })
+	return nil
+}
+
+// SetFaults replaces the faults in force, applying the same defaults and
+// validation as New. Requests already past their fault decisions are not
+// affected.
+func (s *Server) SetFaults(f Faults) error {
+	f, err := f.normalized()
+	if err != nil {
+		return fmt.Errorf("smsstub: set faults: %w", err)
+	}
+	s.mu.Lock()
+	s.faults = f
+	s.mu.Unlock()
+	s.log.Info("faults changed",
+		"fail_rate", f.FailRate, "fail_status", f.FailStatus, "fail_code", f.FailCode,
+		"rate_limit_rate", f.RateLimitRate, "retry_after", f.RetryAfter.String(),
+		"latency", f.Latency.String(), "latency_jitter", f.LatencyJitter.String(),
+		"withhold_rate", f.WithholdRate, "withhold_mode", f.WithholdMode)
+	return nil
+}
+
+// Faults returns the faults in force, with defaults applied.
+func (s *Server) Faults() Faults {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.faults
+}
+
+// Deliveries returns a copy of the per-key records, keyed by idempotency key.
+func (s *Server) Deliveries() map[string]Delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]Delivery, len(s.records))
+	for k, d := range s.records {
+		out[k] = *d
+	}
+	return out
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Keys = int64(len(s.records))
+	return st
+}
+
+// Reset forgets every delivery record, stored response and counter. Faults
+// are configuration and are kept. Requests in flight during the reset are
+// answered but leave no trace in the fresh state.
+func (s *Server) Reset() {
+	s.mu.Lock()
+	s.gen++
+	s.entries = make(map[string]*entry)
+	s.expiry = nil
+	s.expiryHead = 0
+	s.records = make(map[string]*Delivery)
+	s.stats = Stats{}
+	s.mu.Unlock()
+	s.log.Info("state reset")
+}
+
+// messageRequest is the /v1/messages request body.
+type messageRequest struct {
+	To   string `json:"to"`
+	Body string `json:"body"`
+}
+
+// messageResponse is the /v1/messages success body.
+type messageResponse struct {
+	ID     string `json:"id"`
+	To     string `json:"to"`
+	Status string `json:"status"`
+}
+
+// errorResponse is the body of every error the stub answers.
+type errorResponse struct {
+	Code    int    `json:"code,omitempty"`
+	Message string `json:"message"`
+}
+
+// Messages of the idempotency errors, part of the contract.
+const (
+	msgKeyRequired = "Idempotency-Key required"
+	msgInProgress  = "a request with this Idempotency-Key is in progress"
+	msgMismatch    = "Idempotency-Key reused with a different request body"
+)
+
+func (s *Server) handleMessage(w http.ResponseWriter, r *http.Request) {
+	if !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="smsstub"`)
+		// Unauthenticated requests are not attributed to their key: they
+		// must not be able to create state.
+		s.reject(r.Context(), w, "", false, http.StatusUnauthorized, CodeAuthFailed, "authentication failed")
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	perKey := key != "" || s.ignoreKeys
+	switch {
+	case key == "" && !s.ignoreKeys:
+		s.reject(r.Context(), w, key, false, http.StatusBadRequest, http.StatusBadRequest, msgKeyRequired)
+		return
+	case len(key) > MaxKeyLen:
+		s.reject(r.Context(), w, key, false, http.StatusBadRequest, http.StatusBadRequest,
+			"Idempotency-Key longer than "+strconv.Itoa(MaxKeyLen)+" bytes")
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		s.reject(r.Context(), w, key, perKey, http.StatusUnsupportedMediaType, http.StatusUnsupportedMediaType,
+			"Content-Type must be application/json")
+		return
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			s.reject(r.Context(), w, key, perKey, http.StatusRequestEntityTooLarge, http.StatusRequestEntityTooLarge,
+				"request body larger than "+strconv.Itoa(MaxRequestBytes)+" bytes")
+			return
+		}
+		// The client went away mid-body; nobody will read the answer.
+		s.reject(r.Context(), w, key, perKey, http.StatusBadRequest, http.StatusBadRequest, "could not read request body")
+		return
+	}
+	msg, code, problem := parseMessage(raw)
+	if problem != "" {
+		s.reject(r.Context(), w, key, perKey, http.StatusBadRequest, code, problem)
+		return
+	}
+	s.process(w, r, key, raw, msg)
+}
+
+// authorized reports whether r carries the configured API key.
+func (s *Server) authorized(r *http.Request) bool {
+	if s.apiKey == nil {
+		return true
+	}
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	// Constant time so the stub does not teach bad habits to whoever copies it.
+	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), s.apiKey) == 1
+}
+
+// parseMessage decodes and validates a request body. On failure it returns
+// the provider code and message of the 400 to answer.
+func parseMessage(raw []byte) (messageRequest, int, string) {
+	var m messageRequest
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if err := dec.Decode(&m); err != nil {
+		return m, http.StatusBadRequest, "invalid JSON body"
+	}
+	// A second value after the object means the client sent something other
+	// than the one object the contract allows.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return m, http.StatusBadRequest, "invalid JSON body: trailing data after the object"
+	}
+	switch n := utf8.RuneCountInString(m.Body); {
+	case !validE164(m.To):
+		return m, CodeInvalidTo, "invalid To number"
+	case n == 0:
+		return m, CodeBodyRequired, "message body is required"
+	case n > MaxBodyChars:
+		return m, CodeBodyTooLong, "message body exceeds the " + strconv.Itoa(MaxBodyChars) + " character limit"
+	}
+	return m, 0, ""
+}
+
+// validE164 reports whether to matches ^\+[1-9][0-9]{1,14}$, without the
+// cost of a regexp on the hot path.
+func validE164(to string) bool {
+	if len(to) < 3 || len(to) > 16 || to[0] != '+' || to[1] < '1' || to[1] > '9' {
+		return false
+	}
+	for i := 2; i < len(to); i++ {
+		if to[i] < '0' || to[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// process runs a well-formed request through the idempotency cache and the
+// faults.
+func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw []byte, msg messageRequest) {
+	ctx := r.Context()
+	hash := sha256.Sum256(raw)
+
+	s.mu.Lock()
+	s.stats.Requests++
+	s.recordLocked(key).Requests++
+	var e *entry
+	if !s.ignoreKeys {
+		now := s.now()
+		s.pruneLocked(now)
+		if old, ok := s.entries[key]; ok {
+			switch {
+			case old.stored && !now.Before(old.expires):
+				// Expired but not yet pruned (the clock went backwards, or
+				// it is not at the head of the queue): treat as unseen.
+				delete(s.entries, key)
+			case old.hash != hash:
+				s.stats.Mismatches++
+				s.mu.Unlock()
+				s.logOutcome(ctx, "mismatch", http.StatusUnprocessableEntity, "")
+				writeError(w, http.StatusUnprocessableEntity, http.StatusUnprocessableEntity, msgMismatch)
+				return
+			case !old.stored:
+				s.stats.Conflicts++
+				s.mu.Unlock()
+				s.logOutcome(ctx, "conflict", http.StatusConflict, "")
+				writeError(w, http.StatusConflict, http.StatusConflict, msgInProgress)
+				return
+			default:
+				s.stats.Replays++
+				status, body := old.status, old.body
+				s.mu.Unlock()
+				s.logOutcome(ctx, "replay", status, "")
+				w.Header().Set("Idempotent-Replayed", "true")
+				writeJSON(w, status, body)
+				return
+			}
+		}
+		e = &entry{hash: hash}
+		s.entries[key] = e
+	}
+	// Snapshot the faults and draw every decision now, under the lock the
+	// random source needs anyway; a later SetFaults does not affect this
+	// request.
+	f := s.faults
+	gen := s.gen
+	delay := f.Latency
+	if f.LatencyJitter > 0 {
+		delay += time.Duration(s.rng.Int64N(int64(f.LatencyJitter)))
+	}
+	limited := f.RateLimitRate > 0 && s.rng.Float64() < f.RateLimitRate
+	failed := !limited && f.FailRate > 0 && s.rng.Float64() < f.FailRate
+	withhold := !limited && !failed && f.WithholdRate > 0 && s.rng.Float64() < f.WithholdRate
+	s.mu.Unlock()
+
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			// The client gave up before the provider got round to the
+			// message, so it was never sent: forget the key.
+			t.Stop()
+			s.settle(key, e, gen, nil)
+			s.logOutcome(ctx, "abandoned", 0, "")
+			return
+		case <-s.done:
+			t.Stop()
+			s.settle(key, e, gen, nil)
+			s.logOutcome(ctx, "shutting_down", http.StatusServiceUnavailable, "")
+			writeError(w, http.StatusServiceUnavailable, http.StatusServiceUnavailable, "server shutting down")
+			return
+		}
+	}
+
+	switch {
+	case limited:
+		s.settle(key, e, gen, func(st *Stats) { st.RateLimited++ })
+		s.logOutcome(ctx, "rate_limited", http.StatusTooManyRequests, "")
+		w.Header().Set("Retry-After", retryAfterSeconds(f.RetryAfter))
+		writeError(w, http.StatusTooManyRequests, CodeRateLimited, "too many requests")
+		return
+	case failed:
+		s.settle(key, e, gen, func(st *Stats) { st.Failures++ })
+		s.logOutcome(ctx, "failed", f.FailStatus, "")
+		writeError(w, f.FailStatus, f.FailCode, "injected failure")
+		return
+	}
+
+	id := newProviderID()
+	body := mustJSON(messageResponse{ID: id, To: msg.To, Status: "queued"})
+	s.mu.Lock()
+	if gen == s.gen {
+		rec := s.recordLocked(key)
+		rec.Deliveries++
+		rec.To = msg.To
+		rec.ProviderID = id
+		s.stats.Deliveries++
+		if withhold {
+			s.stats.Withheld++
+		}
+		if e != nil && s.entries[key] == e {
+			e.stored = true
+			e.status = http.StatusCreated
+			e.body = body
+			e.expires = s.now().Add(s.retention)
+			s.expiry = append(s.expiry, expiryItem{key: key, e: e})
+		}
+	}
+	s.mu.Unlock()
+
+	if withhold {
+		s.logOutcome(ctx, "withheld_"+f.WithholdMode, http.StatusCreated, id)
+		s.withhold(w, r, f.WithholdMode)
+		return
+	}
+	s.logOutcome(ctx, "delivered", http.StatusCreated, id)
+	writeJSON(w, http.StatusCreated, body)
+}
+
+// settle ends a request that was not delivered: its in-flight entry is
+// removed so that a retry is processed afresh, and count, if non-nil,
+// updates the counters. Both are skipped if a Reset intervened.
+func (s *Server) settle(key string, e *entry, gen uint64, count func(*Stats)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.gen {
+		return
+	}
+	if e != nil && s.entries[key] == e {
+		delete(s.entries, key)
+	}
+	if count != nil {
+		count(&s.stats)
+	}
+}
+
+// withhold never answers the request: it drops the connection at once
+// (WithholdClose) or once the client or the Server gives up (WithholdHang).
+func (s *Server) withhold(w http.ResponseWriter, r *http.Request, mode string) {
+	if mode == WithholdClose {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close()
+			return
+		}
+		// Hijacking is impossible (HTTP/2); aborting the handler is the
+		// closest equivalent: net/http resets the stream or connection.
+		panic(http.ErrAbortHandler)
+	}
+	select {
+	case <-r.Context().Done():
+	case <-s.done:
+	}
+	// Returning normally would make net/http send an empty 200; aborting
+	// drops the connection without a response, which is the point.
+	panic(http.ErrAbortHandler)
+}
+
+// reject answers a request that failed a check before reaching the
+// idempotency cache, counting it (and, if perKey, attributing it to key).
+func (s *Server) reject(ctx context.Context, w http.ResponseWriter, key string, perKey bool, status, code int, message string) {
+	s.mu.Lock()
+	s.stats.Requests++
+	if perKey {
+		s.recordLocked(key).Requests++
+	}
+	s.mu.Unlock()
+	s.logOutcome(ctx, "rejected", status, "")
+	writeError(w, status, code, message)
+}
+
+// recordLocked returns key's record, creating it if needed. s.mu must be
+// held.
+func (s *Server) recordLocked(key string) *Delivery {
+	rec, ok := s.records[key]
+	if !ok {
+		rec = &Delivery{}
+		s.records[key] = rec
+	}
+	return rec
+}
+
+// pruneLocked drops stored entries that expired by now from the head of
+// the expiry queue. s.mu must be held.
+func (s *Server) pruneLocked(now time.Time) {
+	for s.expiryHead < len(s.expiry) {
+		it := s.expiry[s.expiryHead]
+		if now.Before(it.e.expires) {
+			break
+		}
+		// The key may have been stored again since; only drop this entry.
+		if s.entries[it.key] == it.e {
+			delete(s.entries, it.key)
+		}
+		s.expiry[s.expiryHead] = expiryItem{}
+		s.expiryHead++
+	}
+	// Compact once the consumed prefix dominates, so the slice does not
+	// grow without bound under steady traffic.
+	if s.expiryHead > 1024 && s.expiryHead*2 > len(s.expiry) {
+		n := copy(s.expiry, s.expiry[s.expiryHead:])
+		clear(s.expiry[n:])
+		s.expiry = s.expiry[:n]
+		s.expiryHead = 0
+	}
+}
+
+// logOutcome logs one request's outcome at debug level. It deliberately
+// takes no key, number or body.
+func (s *Server) logOutcome(ctx context.Context, outcome string, status int, providerID string) {
+	if !s.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	attrs := []slog.Attr{slog.String("outcome", outcome), slog.Int("status", status)}
+	if providerID != "" {
+		attrs = append(attrs, slog.String("provider_id", providerID))
+	}
+	s.log.LogAttrs(ctx, slog.LevelDebug, "message request", attrs...)
+}
+
+// retryAfterSeconds formats d as Retry-After delta-seconds, rounded up and
+// at least 1 so that clients never retry immediately.
+func retryAfterSeconds(d time.Duration) string {
+	secs := int64((d + time.Second - 1) / time.Second)
+	return strconv.FormatInt(max(secs, 1), 10)
+}
+
+// newProviderID mints "msg_" and 24 random hex digits.
+func newProviderID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms.
+	return "msg_" + hex.EncodeToString(b[:])
+}
+
+// mustJSON marshals v, a type that cannot fail to marshal, and appends a
+// newline for the benefit of curl users.
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("smsstub: marshal %T: %v", v, err))
+	}
+	return append(b, '\n')
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+func writeError(w http.ResponseWriter, status, code int, message string) {
+	writeJSON(w, status, mustJSON(errorResponse{Code: code, Message: message}))
+}

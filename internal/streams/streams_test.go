@@ -1,0 +1,116 @@
+package streams_test
+
+import (
+	"context"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/streams"
+)
+
+func TestDefaultTopology(t *testing.T) {
+	t.Parallel()
+	topo, err := streams.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sms, err := topo.Stream(streams.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// DESIGN 4.3: Limits retention (WorkQueue forgets its dedup state on a
+	// restart), a Duplicates window longer than the 2 min default, and one
+	// within MaxAge.
+	if sms.Retention != jetstream.LimitsPolicy {
+		t.Errorf("SMS retention = %v, want limits", sms.Retention)
+	}
+	if sms.Duplicates <= 2*time.Minute || sms.Duplicates > sms.MaxAge {
+		t.Errorf("SMS duplicates window = %s (max age %s)", sms.Duplicates, sms.MaxAge)
+	}
+	if len(sms.Subjects) == 0 || sms.Subjects[0] != streams.SubjectSend {
+		t.Errorf("SMS subjects = %v", sms.Subjects)
+	}
+	dlq, err := topo.Stream(streams.DeadLetterStream)
+	if err != nil || dlq.Subjects[0] != streams.SubjectDeadLetter || dlq.Retention != jetstream.LimitsPolicy {
+		t.Errorf("SMS_DLQ = %+v, %v", dlq, err)
+	}
+	c, err := topo.Consumer(streams.Stream, streams.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AckPolicy != jetstream.AckExplicitPolicy || c.MaxDeliver <= 8 || c.MaxAckPending <= 0 || c.AckWait <= 0 {
+		t.Errorf("senders consumer = %+v", c)
+	}
+	if len(c.BackOff) > 0 && c.MaxDeliver < len(c.BackOff) {
+		t.Errorf("MaxDeliver %d < len(BackOff) %d", c.MaxDeliver, len(c.BackOff))
+	}
+}
+
+func TestLoadRefusesMistakes(t *testing.T) {
+	t.Parallel()
+	cases := map[string]fstest.MapFS{
+		"unknown field": {"n/S.stream.json": {Data: []byte(`{"name":"S","subjectz":["a"]}`)}},
+		"name mismatch": {"n/S.stream.json": {Data: []byte(`{"name":"T","subjects":["a"]}`)}},
+		"orphan consumer": {
+			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
+			"n/T.c.consumer.json": {Data: []byte(`{"durable_name":"c"}`)},
+		},
+		"durable mismatch": {
+			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
+			"n/S.c.consumer.json": {Data: []byte(`{"durable_name":"d"}`)},
+		},
+	}
+	for name, fsys := range cases {
+		if _, err := streams.Load(fsys, "n"); err == nil {
+			t.Errorf("%s: loaded without error", name)
+		}
+	}
+}
+
+func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	topo, err := streams.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := topo.Check(ctx, js); err == nil {
+		t.Fatal("Check passed on an empty server")
+	}
+	for range 2 {
+		if err := topo.Ensure(ctx, js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := topo.Check(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, streams.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := topo.Stream(streams.Stream)
+	if got := s.CachedInfo().Config; got.Duplicates != want.Duplicates || got.MaxAge != want.MaxAge || got.Storage != jetstream.FileStorage {
+		t.Fatalf("server stream config = %+v", got)
+	}
+	cons, err := js.Consumer(ctx, streams.Stream, streams.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantC, _ := topo.Consumer(streams.Stream, streams.Consumer)
+	if got := cons.CachedInfo().Config; got.MaxDeliver != wantC.MaxDeliver || got.AckWait != wantC.AckWait || got.MaxAckPending != wantC.MaxAckPending {
+		t.Fatalf("server consumer config = %+v", got)
+	}
+	// A config change is applied by the next start-up.
+	topo.Streams[0].Description = "changed"
+	if err := topo.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,68 @@
+// Package toxictest puts an in-process toxiproxy between a test's client and
+// a real server, so that a test injects real network faults (lost responses,
+// resets, latency, cut connections) on real sockets.
+package toxictest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"testing"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+)
+
+// Proxy is a TCP proxy with toxics.
+type Proxy struct {
+	t     testing.TB
+	proxy *toxiproxy.Proxy
+}
+
+// New starts a proxy to upstream (host:port) on a random local port, stopped
+// when the test ends.
+func New(t testing.TB, upstream string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, t.Name(), addr, upstream)
+	if err := p.Start(); err != nil {
+		t.Fatalf("toxictest: start proxy: %v", err)
+	}
+	t.Cleanup(p.Stop)
+	return &Proxy{t: t, proxy: p}
+}
+
+// Addr returns the proxy's listen address.
+func (p *Proxy) Addr() string { return p.proxy.Listen }
+
+// Add adds a toxic. stream is "downstream" (server to client: responses) or
+// "upstream" (client to server: requests); attrs are the toxic's attributes,
+// e.g. {"timeout": 0} for a timeout toxic.
+func (p *Proxy) Add(name, typ, stream string, attrs map[string]any) {
+	p.t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"name": name, "type": typ, "stream": stream, "toxicity": 1.0, "attributes": attrs,
+	})
+	if _, err := p.proxy.Toxics.AddToxicJson(bytes.NewReader(body)); err != nil {
+		p.t.Fatalf("toxictest: add toxic %s: %v", name, err)
+	}
+}
+
+// Remove removes a toxic; the connections it held are released.
+func (p *Proxy) Remove(name string) {
+	p.t.Helper()
+	if err := p.proxy.Toxics.RemoveToxic(context.Background(), name); err != nil {
+		p.t.Fatalf("toxictest: remove toxic %s: %v", name, err)
+	}
+}
+
+// URL returns "http://" + Addr().
+func (p *Proxy) URL() string { return fmt.Sprintf("http://%s", p.Addr()) }
