@@ -1,0 +1,424 @@
+// Command demo runs the whole pipeline on this machine and shows that every
+// message reaches the provider exactly once, even though the provider stub
+// fails some requests and withholds some responses after accepting them.
+//
+// It migrates the database (creating it if missing), starts the provider
+// stub, a relay and two senders as separate processes (and an embedded NATS
+// server with JetStream when NATS_URL is unset), enqueues N messages through
+// outbox.Enqueue, shows live progress, and ends with a summary line. It exits
+// non-zero if a message was delivered twice or did not finish.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/embednats"
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/smsstub"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+type config struct {
+	databaseURL  string
+	natsURL      string
+	binDir       string
+	messages     int
+	senders      int
+	failRate     float64
+	withholdRate float64
+	latency      time.Duration
+	apiTimeout   time.Duration
+	timeout      time.Duration
+	keepLogs     bool
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var c config
+	s := envflag.New("demo", getenv, stderr)
+	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_demo?sslmode=disable", "Postgres database for the demo (created if missing)")
+	s.String(&c.natsURL, "nats-url", "NATS_URL", "", "NATS server; empty runs an embedded one with JetStream")
+	s.String(&c.binDir, "bin", "DEMO_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
+	s.Int(&c.messages, "n", "DEMO_MESSAGES", 1000, 1, 1_000_000, "messages to enqueue")
+	s.Int(&c.senders, "senders", "DEMO_SENDERS", 2, 1, 32, "sender processes")
+	s.Float(&c.failRate, "fail-rate", "DEMO_FAIL_RATE", 0.05, 0, 1, "share of provider requests answered 503")
+	s.Float(&c.withholdRate, "withhold-rate", "DEMO_WITHHOLD_RATE", 0.02, 0, 1, "share of messages the provider accepts but never answers")
+	s.Duration(&c.latency, "latency", "DEMO_LATENCY", 5*time.Millisecond, 0, time.Minute, "provider latency")
+	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", time.Second, 10*time.Millisecond, time.Minute, "senders' bound on one provider attempt")
+	s.Duration(&c.timeout, "timeout", "DEMO_TIMEOUT", 5*time.Minute, time.Second, 24*time.Hour, "give up if the messages are not finished by then")
+	s.Bool(&c.keepLogs, "keep-logs", "DEMO_KEEP_LOGS", false, "keep the processes' log directory")
+	if err := s.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "demo: configuration: %v\n", err)
+		return 2
+	}
+	d := &demo{cfg: c, out: stdout}
+	err := d.run(ctx)
+	d.cleanup()
+	if err != nil {
+		fmt.Fprintf(stderr, "demo: %v\n", err)
+		if d.logDir != "" {
+			fmt.Fprintf(stderr, "demo: process logs are in %s\n", d.logDir)
+		}
+		return 1
+	}
+	return 0
+}
+
+type demo struct {
+	cfg    config
+	out    io.Writer
+	logDir string
+	procs  []*proc
+	stop   []func()
+}
+
+type proc struct {
+	name  string
+	cmd   *exec.Cmd
+	done  chan error
+	lines chan string
+}
+
+func (d *demo) run(ctx context.Context) error {
+	var err error
+	if d.logDir, err = os.MkdirTemp("", "sendonce-demo-"); err != nil {
+		return err
+	}
+	for _, b := range []string{"relay", "sender", "smsstub"} {
+		if _, err := os.Stat(filepath.Join(d.cfg.binDir, b)); err != nil {
+			return fmt.Errorf("binary %s not found in %s (run make build): %w", b, d.cfg.binDir, err)
+		}
+	}
+
+	natsURL := d.cfg.natsURL
+	if natsURL == "" {
+		srv, err := embednats.Start(embednats.Config{StoreDir: filepath.Join(d.logDir, "jetstream")})
+		if err != nil {
+			return err
+		}
+		d.stop = append(d.stop, func() { srv.Shutdown(); srv.WaitForShutdown() })
+		natsURL = srv.ClientURL()
+		fmt.Fprintf(d.out, "nats:     embedded JetStream server at %s\n", natsURL)
+	} else {
+		fmt.Fprintf(d.out, "nats:     %s\n", natsURL)
+	}
+
+	env := []string{"DATABASE_URL=" + d.cfg.databaseURL, "NATS_URL=" + natsURL, "LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0"}
+	migrate := exec.CommandContext(ctx, filepath.Join(d.cfg.binDir, "relay"), "migrate")
+	migrate.Env = append(os.Environ(), env...)
+	if out, err := migrate.CombinedOutput(); err != nil {
+		return fmt.Errorf("relay migrate: %v\n%s", err, out)
+	}
+	fmt.Fprintf(d.out, "database: migrated %s\n", redact(d.cfg.databaseURL))
+
+	apiKey := "demo-" + uuid.NewString()
+	stubURL, err := d.startStub(ctx, apiKey)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "provider: stub at %s (503 for %.0f%% of requests, %.0f%% of messages accepted but never answered, %s latency)\n",
+		stubURL, 100*d.cfg.failRate, 100*d.cfg.withholdRate, d.cfg.latency)
+
+	if _, err := d.start(ctx, "relay", "relay", nil, env); err != nil {
+		return err
+	}
+	senderEnv := append(env[:len(env):len(env)], "SMS_API_BASE="+stubURL, "SMS_API_KEY="+apiKey,
+		"SMS_API_TIMEOUT="+d.cfg.apiTimeout.String(), "RETRY_BASE=100ms", "RETRY_CAP=2s")
+	for i := range d.cfg.senders {
+		if _, err := d.start(ctx, fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(d.out, "started:  1 relay, %d senders (logs in %s)\n", d.cfg.senders, d.logDir)
+
+	pool, err := pgxpool.New(ctx, d.cfg.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	start := time.Now()
+	ids, err := enqueue(ctx, pool, d.cfg.messages)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "enqueued: %d messages through outbox.Enqueue in %s\n", len(ids), time.Since(start).Round(time.Millisecond))
+
+	counts, err := d.progress(ctx, pool, ids, start)
+	wall := time.Since(start)
+	if err != nil {
+		return err
+	}
+	return d.summary(ctx, pool, ids, counts, stubURL, wall)
+}
+
+// enqueue writes n messages the way an application would: inside its own
+// transactions, 50 per commit.
+func enqueue(ctx context.Context, pool *pgxpool.Pool, n int) ([]uuid.UUID, error) {
+	ids := make([]uuid.UUID, 0, n)
+	for len(ids) < n {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for i := 0; i < 50 && len(ids) < n; i++ {
+				to := fmt.Sprintf("+1555%07d", rand.IntN(10_000_000))
+				body := fmt.Sprintf("Your sendonce demo code is %06d", rand.IntN(1_000_000))
+				id, err := outbox.Enqueue(ctx, tx, to, body)
+				if err != nil {
+					return err
+				}
+				ids = append(ids, id)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	return ids, nil
+}
+
+func (d *demo) progress(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, start time.Time) (map[string]int, error) {
+	deadline := time.Now().Add(d.cfg.timeout)
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		counts, err := statusCounts(ctx, pool, ids)
+		if err != nil {
+			return nil, err
+		}
+		finished := counts["sent"] + counts["dead"] + counts["unknown"]
+		fmt.Fprintf(d.out, d.lineStart()+"progress: %6.1fs  pending %-6d queued %-6d sending %-6d sent %-6d dead %-4d unknown %-4d",
+			time.Since(start).Seconds(), counts["pending"], counts["queued"], counts["sending"], counts["sent"], counts["dead"], counts["unknown"])
+		if !d.terminal() {
+			fmt.Fprintln(d.out)
+		}
+		if finished == len(ids) {
+			if d.terminal() {
+				fmt.Fprintln(d.out)
+			}
+			return counts, nil
+		}
+		for _, p := range d.procs {
+			select {
+			case err := <-p.done:
+				return nil, fmt.Errorf("%s exited early: %v", p.name, err)
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(d.out)
+			return nil, fmt.Errorf("%d of %d messages not finished after %s", len(ids)-finished, len(ids), d.cfg.timeout)
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(d.out)
+			return nil, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// terminal reports whether progress can redraw one line in place.
+func (d *demo) terminal() bool {
+	f, ok := d.out.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func (d *demo) lineStart() string {
+	if d.terminal() {
+		return "\r"
+	}
+	return ""
+}
+
+func statusCounts(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (map[string]int, error) {
+	rows, _ := pool.Query(ctx, `SELECT status, count(*) FROM sms_outbox WHERE id = ANY($1) GROUP BY status`, ids)
+	counts := map[string]int{}
+	var st string
+	var n int
+	_, err := pgx.ForEachRow(rows, []any{&st, &n}, func() error { counts[st] = n; return nil })
+	return counts, err
+}
+
+func (d *demo) summary(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, counts map[string]int, stubURL string, wall time.Duration) error {
+	var p50, p99 float64
+	var attempts int
+	err := pool.QueryRow(ctx, `SELECT
+			coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)) FILTER (WHERE status = 'sent'), 0),
+			coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)) FILTER (WHERE status = 'sent'), 0),
+			coalesce(sum(attempt_count), 0)
+		FROM sms_outbox WHERE id = ANY($1)`, ids).Scan(&p50, &p99, &attempts)
+	if err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	deliveries, err := smsstub.FetchDeliveries(ctx, stubURL)
+	if err != nil {
+		return err
+	}
+	stats, err := smsstub.FetchStats(ctx, stubURL)
+	if err != nil {
+		return err
+	}
+	perKey := map[int]int{}
+	dups := 0
+	for _, id := range ids {
+		n := deliveries[id.String()].Deliveries
+		perKey[n]++
+		if n > 1 {
+			dups++
+		}
+	}
+	perKeyText := "all 1"
+	if perKey[1] != len(ids) {
+		perKeyText = fmt.Sprintf("%d keys with 1, %d with 0, %d with more", perKey[1], perKey[0], dups)
+	}
+	fmt.Fprintf(d.out, "provider: %d requests, %d injected 503s, %d responses withheld after accepting, %d replays of a stored answer\n",
+		stats.Requests, stats.Failures, stats.Withheld, stats.Replays)
+	fmt.Fprintf(d.out, "summary:  %d messages: sent %d, dead %d, unknown %d; deliveries at the provider per key: %s (duplicates %d); attempts %d; commit-to-sent p50 %s p99 %s; wall %s\n",
+		len(ids), counts["sent"], counts["dead"], counts["unknown"], perKeyText, dups, attempts,
+		secs(p50), secs(p99), wall.Round(time.Millisecond))
+	if dups > 0 {
+		return fmt.Errorf("%d messages were delivered more than once", dups)
+	}
+	if counts["sent"] != perKey[1] {
+		return fmt.Errorf("%d rows sent but %d keys delivered once", counts["sent"], perKey[1])
+	}
+	return nil
+}
+
+func secs(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(100 * time.Microsecond).String()
+}
+
+// startStub starts the provider stub on a free port and returns its URL,
+// read from the line it prints once listening.
+func (d *demo) startStub(ctx context.Context, apiKey string) (string, error) {
+	args := []string{"-addr", "127.0.0.1:0",
+		"-fail-rate", fmt.Sprint(d.cfg.failRate), "-fail-status", "503",
+		"-withhold-rate", fmt.Sprint(d.cfg.withholdRate), "-latency", d.cfg.latency.String()}
+	p, err := d.start(ctx, "smsstub", "smsstub", args, []string{"SMS_API_KEY=" + apiKey})
+	if err != nil {
+		return "", err
+	}
+	line, err := p.firstLine(10 * time.Second)
+	if err != nil {
+		return "", fmt.Errorf("smsstub: %w", err)
+	}
+	u, ok := strings.CutPrefix(line, "smsstub listening on ")
+	if !ok {
+		return "", fmt.Errorf("smsstub printed %q", line)
+	}
+	return strings.TrimSpace(u), nil
+}
+
+func (d *demo) start(ctx context.Context, name, bin string, args, env []string) (*proc, error) {
+	logFile, err := os.Create(filepath.Join(d.logDir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(d.cfg.binDir, bin), args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = logFile
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan error, 1)}
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		first := true
+		for sc.Scan() {
+			if first {
+				lines <- sc.Text()
+				first = false
+			}
+		}
+		close(lines)
+	}()
+	go func() {
+		err := cmd.Wait()
+		logFile.Close()
+		p.done <- err
+	}()
+	p.lines = lines
+	d.procs = append(d.procs, p)
+	return p, nil
+}
+
+func (p *proc) firstLine(d time.Duration) (string, error) {
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			return "", errors.New("exited before printing its address")
+		}
+		return l, nil
+	case <-time.After(d):
+		return "", fmt.Errorf("no address printed within %s", d)
+	}
+}
+
+// cleanup stops the processes with SIGTERM (they drain and exit 0), then the
+// embedded server.
+func (d *demo) cleanup() {
+	for i := len(d.procs) - 1; i >= 0; i-- {
+		p := d.procs[i]
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range d.procs {
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	for _, f := range d.stop {
+		f()
+	}
+	if d.logDir != "" && !d.cfg.keepLogs {
+		_ = os.RemoveAll(d.logDir)
+		d.logDir = ""
+	}
+}
+
+func redact(dsn string) string {
+	if i := strings.Index(dsn, "@"); i >= 0 {
+		if j := strings.Index(dsn, "://"); j >= 0 && j < i {
+			return dsn[:j+3] + "…" + dsn[i:]
+		}
+	}
+	return dsn
+}
