@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+)
+
+func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// syncBuffer is a bytes.Buffer safe for the writes of a running command.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestBadConfigurationNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/x"}
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"missing database url", map[string]string{"DATABASE_URL": ""}, nil, "DATABASE_URL"},
+		{"batch size not a number", map[string]string{"RELAY_BATCH_SIZE": "lots"}, nil, "RELAY_BATCH_SIZE"},
+		{"batch size out of range", map[string]string{"RELAY_BATCH_SIZE": "0"}, nil, "RELAY_BATCH_SIZE"},
+		{"poll interval not a duration", map[string]string{"RELAY_POLL_INTERVAL": "5"}, nil, "RELAY_POLL_INTERVAL"},
+		{"poll interval too short", map[string]string{"RELAY_POLL_INTERVAL": "1ms"}, nil, "RELAY_POLL_INTERVAL"},
+		{"nats url scheme", map[string]string{"NATS_URL": "http://127.0.0.1:4222"}, nil, "NATS_URL"},
+		{"log format", map[string]string{"LOG_FORMAT": "xml"}, nil, "LOG_FORMAT"},
+		{"bad flag", nil, []string{"-publish-window", "-3"}, "-publish-window"},
+		{"unknown flag", nil, []string{"-bogus"}, "bogus"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{}
+			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			var out, errOut syncBuffer
+			code := run(context.Background(), append([]string{"relay"}, tt.args...), envMap(env), &out, &errOut)
+			if code != 2 || !strings.Contains(errOut.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s", code, errOut.String(), tt.want)
+			}
+		})
+	}
+}
+
+func TestHelpListsEverySetting(t *testing.T) {
+	t.Parallel()
+	var out, errOut syncBuffer
+	if code := run(context.Background(), []string{"relay", "-h"}, envMap(nil), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, env := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "RELAY_BATCH_SIZE", "RELAY_PUBLISH_WINDOW",
+		"RELAY_POLL_INTERVAL", "RELAY_ACK_TIMEOUT", "DB_TIMEOUT", "SHUTDOWN_TIMEOUT", "LOG_FORMAT", "LOG_LEVEL"} {
+		if !strings.Contains(errOut.String(), env) {
+			t.Errorf("-h does not list %s", env)
+		}
+	}
+}
+
+func TestUnreachableDatabaseNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	var out, errOut syncBuffer
+	env := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", "HTTP_ADDR": ""}
+	if code := run(context.Background(), []string{"relay"}, envMap(env), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_URL") {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
+}
+
+func TestMigrateCreatesTheDatabaseAndIsIdempotent(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	// Drop it so that migrate has to create it.
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := pgx.ParseConfig(url)
+	if _, err := admin.Exec(ctx, "DROP DATABASE "+cfg.Database); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close(ctx)
+	for i := range 2 {
+		var out, errOut syncBuffer
+		if code := run(ctx, []string{"relay", "migrate"}, envMap(map[string]string{"DATABASE_URL": url}), &out, &errOut); code != 0 {
+			t.Fatalf("migrate run %d: exit %d: %s", i, code, errOut.String())
+		}
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM sendonce_schema_migrations`).Scan(&n); err != nil || n == 0 {
+		t.Fatalf("migrations recorded: %d, %v", n, err)
+	}
+}
+
+// The relay binary's run, driven as main drives it: it creates the streams on
+// a fresh server, relays rows, and exits 0 on cancellation.
+func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t) // no topology: the relay must create it
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": "127.0.0.1:0", "RELAY_POLL_INTERVAL": "50ms"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var out, errOut syncBuffer
+	go func() { done <- run(ctx, []string{"relay"}, envMap(env), &out, &errOut) }()
+
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	err = pgx.BeginFunc(context.Background(), conn, func(tx pgx.Tx) error {
+		for range 20 {
+			if _, err := outbox.Enqueue(context.Background(), tx, "+15551230000", "hello from the relay test"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var queued int
+		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'queued'`).Scan(&queued); err != nil {
+			t.Fatal(err)
+		}
+		if queued == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 20 rows queued; stderr: %s", queued, errOut.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop")
+	}
+	if strings.Contains(errOut.String(), "+15551230000") || strings.Contains(errOut.String(), "hello from the relay test") {
+		t.Fatal("the relay logged a phone number or a body")
+	}
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/smsstub"
+)
+
+func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestBadConfigurationNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	missing := filepath.Join(t.TempDir(), "nope")
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"missing database url", map[string]string{"DATABASE_URL": ""}, nil, "DATABASE_URL"},
+		{"missing api base", map[string]string{"SMS_API_BASE": ""}, nil, "SMS_API_BASE"},
+		{"api base not a url", map[string]string{"SMS_API_BASE": "provider.example"}, nil, "SMS_API_BASE"},
+		{"timeout not a duration", map[string]string{"SMS_API_TIMEOUT": "ten"}, nil, "SMS_API_TIMEOUT"},
+		{"timeout negative", map[string]string{"SMS_API_TIMEOUT": "-1s"}, nil, "SMS_API_TIMEOUT"},
+		{"idempotent not a bool", map[string]string{"SMS_API_IDEMPOTENT": "maybe"}, nil, "SMS_API_IDEMPOTENT"},
+		{"concurrency out of range", map[string]string{"SENDER_CONCURRENCY": "0"}, nil, "SENDER_CONCURRENCY"},
+		{"cap below base", map[string]string{"RETRY_BASE": "2s", "RETRY_CAP": "1s"}, nil, "RETRY_CAP"},
+		{"lease below timeout", map[string]string{"SENDER_LEASE": "5s", "SMS_API_TIMEOUT": "10s"}, nil, "SENDER_LEASE"},
+		{"permanent codes", map[string]string{"SMS_PERMANENT_CODES": "21211,abc"}, nil, "SMS_PERMANENT_CODES"},
+		{"key file missing", map[string]string{"SMS_API_KEY_FILE": missing}, nil, "SMS_API_KEY_FILE"},
+		{"key and key file", map[string]string{"SMS_API_KEY": "k", "SMS_API_KEY_FILE": "/dev/null"}, nil, "SMS_API_KEY_FILE"},
+		{"bad flag", nil, []string{"-concurrency", "x"}, "-concurrency"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:5432/x", "SMS_API_BASE": "http://127.0.0.1:9"}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			var out, errOut syncBuffer
+			code := run(context.Background(), append([]string{"sender"}, tt.args...), envMap(env), &out, &errOut)
+			if code != 2 || !strings.Contains(errOut.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s", code, errOut.String(), tt.want)
+			}
+		})
+	}
+}
+
+func TestHelpListsSettingsWithoutSecrets(t *testing.T) {
+	t.Parallel()
+	var out, errOut syncBuffer
+	env := map[string]string{"SMS_API_KEY": "super-secret-key"}
+	if code := run(context.Background(), []string{"sender", "-h"}, envMap(env), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	help := errOut.String()
+	for _, v := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "SMS_API_BASE", "SMS_API_KEY", "SMS_API_TIMEOUT",
+		"SMS_API_IDEMPOTENT", "SENDER_CONCURRENCY", "SENDER_LEASE", "RETRY_BASE", "RETRY_CAP"} {
+		if !strings.Contains(help, v) {
+			t.Errorf("-h does not list %s", v)
+		}
+	}
+	if strings.Contains(help, "super-secret-key") {
+		t.Fatal("-h prints the API key")
+	}
+}
+
+// The sender binary's run with a key from SMS_API_KEY_FILE, next to a relay:
+// rows are sent once each, and SIGTERM-style cancellation exits 0 after the
+// in-flight work is written.
+func TestRunSendsAndShutsDownCleanly(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	stub, err := smsstub.New(smsstub.Config{APIKey: "file-key-7a1b", Faults: smsstub.Faults{Latency: 20 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(stub.Handler())
+	t.Cleanup(hs.Close)
+	keyFile := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(keyFile, []byte("file-key-7a1b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": "127.0.0.1:0",
+		"SMS_API_BASE": hs.URL, "SMS_API_KEY_FILE": keyFile, "SMS_API_TIMEOUT": "5s",
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"sender"}, envMap(env), &out, &errOut) }()
+
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// The sender creates the topology; wait for the stream before relaying.
+	_, js := srv.Connect(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := js.Stream(context.Background(), "SMS"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sender did not create the stream: %s", errOut.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r, err := relay.New(relay.Config{Pool: pool, JetStream: js, PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan error, 1)
+	go func() { rdone <- r.Run(rctx) }()
+	defer func() { rcancel(); <-rdone }()
+
+	err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		for range 50 {
+			if _, err := outbox.Enqueue(context.Background(), tx, "+15559870000", "hello from the sender test"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var sent int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'sent'`).Scan(&sent); err != nil {
+			t.Fatal(err)
+		}
+		if sent == 50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 50 sent; stderr: %s", sent, errOut.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("sender did not stop")
+	}
+	for key, d := range stub.Deliveries() {
+		if d.Deliveries != 1 {
+			t.Errorf("key %s delivered %d times", key, d.Deliveries)
+		}
+	}
+	logs := errOut.String()
+	for _, secret := range []string{"file-key-7a1b", "+15559870000", "hello from the sender test"} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("logs contain %q", secret)
+		}
+	}
+}
