@@ -346,3 +346,13 @@ func deadLetterFor(dls []jetstream.RawStreamMsg, id uuid.UUID) []jetstream.RawSt
 func (e *env) newProxy() *toxictest.Proxy {
 	return toxictest.New(e.t, strings.TrimPrefix(e.stubURL, "http://"))
 }
+
+func newProviderClient(base string, idempotent bool) (*provider.Client, error) {
+	return provider.New(provider.Config{BaseURL: base, APIKey: testAPIKey, Timeout: 5 * time.Second, Idempotent: idempotent})
+}
+
+func providerMessage(id uuid.UUID, to, body string) provider.Message {
+	return provider.Message{Key: id.String(), To: to, Body: body}
+}
+
+func errf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -196,9 +196,11 @@ func (s *Sender) Run(ctx context.Context) error {
 	slots := make(chan struct{}, s.cfg.Concurrency)
 	s.claimLoop(ctx, in, slots, results, &workers, heartbeat)
 
-	// Shutdown: stop fetching, give back what was fetched but not started,
-	// let the attempts in flight finish and their statuses be written.
-	it.Stop()
+	// Shutdown: stop fetching, give back what was fetched but not started
+	// (Drain hands the buffered messages to read, which naks them for
+	// another sender), let the attempts in flight finish and their statuses
+	// be written.
+	it.Drain()
 	<-readerDone
 	workers.Wait()
 	close(results)

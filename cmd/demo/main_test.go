@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/pgtest"
+)
+
+// The demo as make demo runs it, on freshly built binaries as separate
+// processes, with faults injected: it must end with its summary and no
+// duplicate.
+func TestDemoRunsTheBinaries(t *testing.T) {
+	t.Parallel()
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "../relay", "../sender", "../smsstub")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	// A database name that does not exist yet: the demo's migrate creates it.
+	url := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	env := map[string]string{"DATABASE_URL": url}
+	var out, errOut bytes.Buffer
+	args := []string{"demo", "-bin", bin, "-n", "300", "-fail-rate", "0.1", "-withhold-rate", "0.05", "-sms-api-timeout", "300ms"}
+	code := run(ctx, args, func(k string) string { return env[k] }, &out, &errOut)
+	t.Log(out.String())
+	if code != 0 {
+		t.Fatalf("demo exit %d: %s", code, errOut.String())
+	}
+	s := out.String()
+	for _, want := range []string{"summary:  300 messages: sent 300", "per key: all 1 (duplicates 0)", "commit-to-sent p50"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q", want)
+		}
+	}
+}
