@@ -196,7 +196,7 @@ func TestRelayClaimSkipsLockedRows(t *testing.T) {
 	for i, p := range second {
 		ids[i] = p.ID
 	}
-	if n, err := outbox.MarkQueued(ctx, tx2, ids); err != nil || n != 4 {
+	if n, err := outbox.MarkQueued(ctx, tx2, ids, []int64{1, 2, 3, 4}); err != nil || n != 4 {
 		t.Fatalf("MarkQueued = %d, %v", n, err)
 	}
 	if err := tx2.Commit(ctx); err != nil {
@@ -289,7 +289,7 @@ func TestWriteResultsGuards(t *testing.T) {
 		var n int64
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
-			n, err = outbox.WriteResults(ctx, tx, rs)
+			n, err = outbox.WriteResults(ctx, tx, rs, nil)
 			return err
 		})
 		if err != nil {

@@ -51,14 +51,19 @@ func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) 
 	return out, nil
 }
 
-// MarkQueued moves the rows ids, whose publication JetStream acknowledged,
-// from pending to queued, and returns how many rows it moved.
-func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+// MarkQueued moves the rows ids, whose publication JetStream acknowledged at
+// stream sequences seqs, from pending to queued, and returns how many rows it
+// moved.
+func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, seqs []int64) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := tx.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', updated_at = now()
-		WHERE id = ANY($1) AND status = 'pending'`, ids)
+	if len(seqs) != len(ids) {
+		return 0, fmt.Errorf("outbox: mark queued: %d ids but %d sequences", len(ids), len(seqs))
+	}
+	tag, err := tx.Exec(ctx, `UPDATE sms_outbox o SET status = 'queued', stream_seq = v.seq, updated_at = now()
+		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, seq)
+		WHERE o.id = v.id AND o.status = 'pending'`, ids, seqs)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: mark queued: %w", err)
 	}

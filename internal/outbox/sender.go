@@ -151,12 +151,37 @@ type Result struct {
 	RetryAt time.Time
 }
 
+// Attempt is one record of the attempts log: a provider call, or a decision
+// that finished a message without one. It never holds personal data.
+type Attempt struct {
+	// OutboxID is the row.
+	OutboxID uuid.UUID
+	// Number is the row's attempt number.
+	Number int
+	// StartedAt is when the attempt began.
+	StartedAt time.Time
+	// Latency is the provider call's wall time; zero when no call was made.
+	Latency time.Duration
+	// Outcome is the class: sent, retry, permanent, ambiguous, max_attempts.
+	Outcome string
+	// HTTPStatus and ProviderCode are the provider's answer, 0 when none.
+	HTTPStatus, ProviderCode int
+	// Error is the failure text, empty on success.
+	Error string
+	// Sender names the process that made the attempt.
+	Sender string
+}
+
 // WriteResults writes a batch of attempt outcomes in three statements. Each
 // write is guarded so it never moves a row backwards: sent is written over
 // any non-terminal status (the provider accepted, whatever else happened),
 // a retry only over sending, dead and unknown over any non-terminal status.
-// It returns how many rows changed.
-func WriteResults(ctx context.Context, tx pgx.Tx, results []Result) (int64, error) {
+// It returns how many rows changed. attempts are appended to the attempts log
+// in the same transaction.
+func WriteResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []Attempt) (int64, error) {
+	if err := insertAttempts(ctx, tx, attempts); err != nil {
+		return 0, err
+	}
 	var (
 		sentIDs, retryIDs, endIDs []uuid.UUID
 		refs, retryErrs, endErrs  []string
@@ -212,4 +237,50 @@ func WriteResults(ctx context.Context, tx pgx.Tx, results []Result) (int64, erro
 		n += tag.RowsAffected()
 	}
 	return n, nil
+}
+
+func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt) error {
+	if len(attempts) == 0 {
+		return nil
+	}
+	n := len(attempts)
+	var (
+		ids      = make([]uuid.UUID, n)
+		numbers  = make([]int32, n)
+		started  = make([]time.Time, n)
+		latency  = make([]*float64, n)
+		outcomes = make([]string, n)
+		statuses = make([]*int32, n)
+		codes    = make([]*int32, n)
+		errs     = make([]*string, n)
+		senders  = make([]string, n)
+	)
+	for i, a := range attempts {
+		ids[i], numbers[i], started[i], outcomes[i], senders[i] = a.OutboxID, int32(a.Number), a.StartedAt, a.Outcome, a.Sender
+		if a.Latency > 0 {
+			ms := float64(a.Latency) / float64(time.Millisecond)
+			latency[i] = &ms
+		}
+		if a.HTTPStatus != 0 {
+			v := int32(a.HTTPStatus)
+			statuses[i] = &v
+		}
+		if a.ProviderCode != 0 {
+			v := int32(a.ProviderCode)
+			codes[i] = &v
+		}
+		if a.Error != "" {
+			e := a.Error
+			errs[i] = &e
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO sms_attempts
+		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
+		SELECT * FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
+		                     $6::int[], $7::int[], $8::text[], $9::text[])`,
+		ids, numbers, started, latency, outcomes, statuses, codes, errs, senders)
+	if err != nil {
+		return fmt.Errorf("outbox: record attempts: %w", err)
+	}
+	return nil
 }

@@ -91,6 +91,8 @@ func New(cfg Config) (*Client, error) {
 		return nil, errors.New("provider: timeouts must be positive")
 	case cfg.MaxConns < 1:
 		return nil, errors.New("provider: MaxConns must be at least 1")
+	case cfg.MaxRetryAfter < 0:
+		return nil, errors.New("provider: MaxRetryAfter must be positive")
 	}
 	tr := cfg.Transport
 	if tr == nil {
@@ -162,6 +164,13 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	req.Header.Set("User-Agent", "sendonce")
 	if c.auth != "" {
 		req.Header.Set("Authorization", c.auth)
+	}
+	if !c.cfg.Idempotent {
+		// net/http replays a request carrying an Idempotency-Key by itself
+		// when a reused connection drops before the first response byte,
+		// though the provider may have acted on it: a second delivery at a
+		// provider that ignores the key. Without GetBody it cannot replay.
+		req.GetBody = nil
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -267,15 +276,17 @@ func describe(err error) string {
 	var ne net.Error
 	var opErr *net.OpError
 	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
+	// Before the context checks: a dial timeout also matches
+	// context.DeadlineExceeded (net's timeout error says so).
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		if opErr.Timeout() {
 			return "connect timeout"
 		}
 		return "connect failed: " + scrub(opErr.Err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
 	case errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
 	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
@@ -288,36 +299,42 @@ func describe(err error) string {
 	return scrub(err.Error())
 }
 
-// scrub makes provider text safe to log: runs of six or more digits (phone
-// numbers) become "#", and the text is cut to 200 bytes.
+// scrub makes provider text safe to log: every run of six or more digits
+// becomes "#", also when written with the separators phone numbers are
+// written with ("+1 (555) 123-4567", "555.123.4567": at most two of " ().-"
+// between two digits), and the text is cut to 200 bytes.
 func scrub(s string) string {
+	// Invalid bytes become U+FFFD first: dropping them could join two short
+	// digit runs into a number.
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	var b strings.Builder
-	run := 0
-	flush := func(digits string) {
-		if len(digits) >= 6 {
-			b.WriteByte('#')
-		} else {
-			b.WriteString(digits)
-		}
-	}
-	start := -1
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		if ch >= '0' && ch <= '9' {
-			if run == 0 {
-				start = i
-			}
-			run++
+	for i := 0; i < len(s); {
+		if !isDigit(s[i]) {
+			b.WriteByte(s[i])
+			i++
 			continue
 		}
-		if run > 0 {
-			flush(s[start:i])
-			run = 0
+		j, digits := i, 0
+		for {
+			for j < len(s) && isDigit(s[j]) {
+				j++
+				digits++
+			}
+			k := j
+			for k < len(s) && k-j < 2 && strings.IndexByte(" ().-", s[k]) >= 0 {
+				k++
+			}
+			if k == j || k == len(s) || !isDigit(s[k]) {
+				break
+			}
+			j = k
 		}
-		b.WriteByte(ch)
-	}
-	if run > 0 {
-		flush(s[start:])
+		if digits >= 6 {
+			b.WriteByte('#')
+		} else {
+			b.WriteString(s[i:j])
+		}
+		i = j
 	}
 	out := b.String()
 	if len(out) > 200 {
@@ -325,3 +342,5 @@ func scrub(s string) string {
 	}
 	return strings.ToValidUTF8(out, "")
 }
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }

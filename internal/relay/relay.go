@@ -182,7 +182,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 		return 0, tx.Commit(dbCtx)
 	}
 
-	acked, pubErr := r.publish(ctx, rows)
+	acked, seqs, pubErr := r.publish(ctx, rows)
 	if r.afterAcks != nil {
 		if err := r.afterAcks(); err != nil {
 			return 0, err
@@ -190,7 +190,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 	}
 	markCtx, cancelMark := context.WithTimeout(dbCtx, r.cfg.DBTimeout)
 	defer cancelMark()
-	n, err := outbox.MarkQueued(markCtx, tx, acked)
+	n, err := outbox.MarkQueued(markCtx, tx, acked, seqs)
 	if err != nil {
 		return 0, err
 	}
@@ -206,10 +206,11 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 
 // publish publishes rows with at most PublishWindow awaiting their PubAck
 // and returns the ids JetStream acknowledged (a duplicate counts: the message
-// is in the stream) and the first error.
-func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID, error) {
+// is in the stream) with their stream sequences, and the first error.
+func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID, []int64, error) {
 	futures := make([]jetstream.PubAckFuture, len(rows))
 	acked := make([]uuid.UUID, 0, len(rows))
+	seqs := make([]int64, 0, len(rows))
 	var firstErr error
 	deadline := time.NewTimer(r.cfg.AckTimeout)
 	defer deadline.Stop()
@@ -221,8 +222,9 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 			return
 		}
 		select {
-		case <-f.Ok():
+		case ack := <-f.Ok():
 			acked = append(acked, rows[i].ID)
+			seqs = append(seqs, int64(ack.Sequence))
 		case err := <-f.Err():
 			if firstErr == nil {
 				firstErr = err
@@ -265,7 +267,7 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 	if firstErr != nil {
 		r.metrics.publishErrors.Inc()
 	}
-	return acked, firstErr
+	return acked, seqs, firstErr
 }
 
 // listen holds a LISTEN on its own connection and signals wake at every

@@ -17,16 +17,16 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/wire"
@@ -75,6 +75,8 @@ type Config struct {
 	DBTimeout time.Duration
 	// PublishTimeout bounds a dead letter's publication; default 10s.
 	PublishTimeout time.Duration
+	// Name identifies this sender in the attempts log; default the host name.
+	Name string
 	// Logger receives the sender's logs; default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the sender's metrics; nil registers nothing.
@@ -82,6 +84,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.Name == "" {
+		c.Name, _ = os.Hostname()
+	}
 	c.Stream = cmp.Or(c.Stream, "SMS")
 	c.Consumer = cmp.Or(c.Consumer, "senders")
 	c.DeadLetterSubject = cmp.Or(c.DeadLetterSubject, "sms.dlq")
@@ -132,6 +137,10 @@ type Sender struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
+	dlq     deadletter.Publisher
+	// maxDeliver is the consumer's MaxDeliver: on the last delivery a retry
+	// cannot be handed back to JetStream, so the row is finished instead.
+	maxDeliver int
 }
 
 // New returns a Sender, or an error naming the invalid setting.
@@ -144,7 +153,13 @@ func New(cfg Config) (*Sender, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sender{cfg: cfg, log: cfg.Logger.With("component", "sender"), metrics: m}, nil
+	return &Sender{
+		cfg: cfg, log: cfg.Logger.With("component", "sender"), metrics: m,
+		dlq: deadletter.Publisher{
+			JetStream: cfg.JetStream, Subject: cfg.DeadLetterSubject, Stream: cfg.DeadLetterStream,
+			Timeout: cfg.PublishTimeout,
+		},
+	}, nil
 }
 
 // action is what to tell JetStream once the status write committed.
@@ -163,6 +178,7 @@ type result struct {
 	action    action
 	delay     time.Duration // for nak
 	createdAt time.Time
+	attempt   *outbox.Attempt // the attempts-log record, if any
 }
 
 // Run consumes until ctx is done, then stops fetching, finishes the attempts
@@ -173,6 +189,7 @@ func (s *Sender) Run(ctx context.Context) error {
 		return fmt.Errorf("sender: look up consumer %s on stream %s: %w", s.cfg.Consumer, s.cfg.Stream, err)
 	}
 	heartbeat := heartbeatInterval(cons.CachedInfo().Config)
+	s.maxDeliver = cons.CachedInfo().Config.MaxDeliver
 
 	it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.Concurrency + s.cfg.ClaimBatch))
 	if err != nil {
@@ -353,17 +370,29 @@ func (s *Sender) claimBatch(ctx context.Context, batch []jetstream.Msg, slots ch
 // to the status writer.
 func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, heartbeat time.Duration, results chan<- result) {
 	log := s.log.With("outbox_id", c.ID.String(), "attempt", c.Attempt)
+	started := time.Now()
 	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID}}
+	record := func(outcome string, o provider.Outcome, errText string) {
+		res.attempt = &outbox.Attempt{
+			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: o.Latency, Outcome: outcome,
+			HTTPStatus: o.HTTPStatus, ProviderCode: o.Code, Error: errText, Sender: s.cfg.Name,
+		}
+	}
 	finish := func(status outbox.State, reason, errText string, code int) {
 		// Dead letter first: if the process dies after it, the repeat is a
 		// duplicate; the other order would lose it.
-		if err := s.deadLetter(ctx, m, c, reason, errText, code); err != nil {
+		err := s.dlq.Publish(ctx, deadletter.Letter{
+			OutboxID: c.ID, Gen: c.Gen, Reason: reason, Error: errText, Attempts: min(c.Attempt, c.MaxAttempts),
+			ProviderCode: code, Payload: m.Data(),
+		})
+		if err != nil {
 			log.Warn("dead letter not published; the row stays leased and will be retried", "err", err, "reason", reason)
 			res.action, res.delay = nak, s.cfg.Lease
 			res.row.Status = "" // no status write
 			results <- res
 			return
 		}
+		s.metrics.deadLetters.WithLabelValues(reason).Inc()
 		res.row.Status, res.row.Error = status, errText
 		res.action = term
 		results <- res
@@ -371,14 +400,19 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 
 	switch {
 	case c.Attempt > c.MaxAttempts:
+		// Attempts were spent by earlier deliveries that died mid-call.
 		s.metrics.outcomes.WithLabelValues("max_attempts").Inc()
-		finish(outbox.StatusDead, wire.ReasonMaxAttempts, fmt.Sprintf("attempts exhausted (%d of %d)", c.Attempt-1, c.MaxAttempts), 0)
+		msg := fmt.Sprintf("attempts exhausted (%d of %d)", c.MaxAttempts, c.MaxAttempts)
+		record("max_attempts", provider.Outcome{}, msg)
+		finish(outbox.StatusDead, wire.ReasonMaxAttempts, msg, 0)
 		return
 	case c.Result == outbox.ClaimedStale && !s.cfg.Provider.Idempotent():
 		// An earlier attempt died mid-call at a provider that would send
 		// again: the outcome is unknowable, and a retry could double-send.
 		s.metrics.outcomes.WithLabelValues("ambiguous").Inc()
-		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, "an earlier attempt ended without an outcome (sender died mid-call)", 0)
+		msg := "an earlier attempt ended without an outcome (sender died mid-call)"
+		record("ambiguous", provider.Outcome{}, msg)
+		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, msg, 0)
 		return
 	}
 
@@ -393,11 +427,13 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 
 	switch out.Kind {
 	case provider.Sent:
+		record("sent", out, "")
 		res.row.Status, res.row.ProviderRef = outbox.StatusSent, out.Ref
 		res.action = ack
 		results <- res
 	case provider.Retry:
-		if c.Attempt >= c.MaxAttempts {
+		record("retry", out, out.Error())
+		if c.Attempt >= c.MaxAttempts || s.lastDelivery(m) {
 			finish(outbox.StatusDead, wire.ReasonMaxAttempts, fmt.Sprintf("attempts exhausted (%d of %d); last: %s", c.Attempt, c.MaxAttempts, out.Error()), out.Code)
 			return
 		}
@@ -409,59 +445,45 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		res.action, res.delay = nak, d
 		results <- res
 	case provider.Permanent:
+		record("permanent", out, out.Error())
 		log.Info("permanent failure", "http_status", out.HTTPStatus, "provider_code", out.Code)
 		finish(outbox.StatusDead, wire.ReasonPermanent, out.Error(), out.Code)
 	case provider.Ambiguous:
+		record("ambiguous", out, out.Error())
 		log.Warn("ambiguous outcome at a provider without idempotency; not retried", "http_status", out.HTTPStatus)
 		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, out.Error(), out.Code)
 	default:
+		record("permanent", out, "unclassified provider outcome")
 		finish(outbox.StatusDead, wire.ReasonPermanent, "unclassified provider outcome", 0)
 	}
+}
+
+// lastDelivery reports whether m is the consumer's last delivery of its
+// message: a Nak would not bring it back.
+func (s *Sender) lastDelivery(m jetstream.Msg) bool {
+	if s.maxDeliver <= 0 {
+		return false
+	}
+	md, err := m.Metadata()
+	return err == nil && int(md.NumDelivered) >= s.maxDeliver
 }
 
 // rejectInvalid dead-letters a message that did not come from the relay and
 // terminates it: it can never succeed, and must neither crash nor loop.
 func (s *Sender) rejectInvalid(ctx context.Context, m jetstream.Msg, id uuid.UUID, why string) {
 	s.metrics.outcomes.WithLabelValues("invalid").Inc()
-	c := outbox.Claim{ID: id}
-	if err := s.deadLetter(ctx, m, c, wire.ReasonInvalid, why, 0); err != nil {
+	l := deadletter.Letter{OutboxID: id, Reason: wire.ReasonInvalid, Error: why, Payload: m.Data()}
+	if md, err := m.Metadata(); err == nil {
+		l.StreamSeq = md.Sequence.Stream
+	}
+	if err := s.dlq.Publish(ctx, l); err != nil {
 		s.log.Warn("dead letter for an invalid message not published; redelivering later", "err", err)
 		_ = m.NakWithDelay(jitter(5 * time.Second))
 		return
 	}
+	s.metrics.deadLetters.WithLabelValues(wire.ReasonInvalid).Inc()
 	s.log.Warn("invalid message dead-lettered", "reason", why, "outbox_id", id.String())
 	_ = m.Term()
-}
-
-// deadLetter publishes m's payload to the dead-letter subject with the
-// Sendonce-* headers. Its Nats-Msg-Id names the row and publication, so a
-// repeat after a crash is a duplicate.
-func (s *Sender) deadLetter(ctx context.Context, m jetstream.Msg, c outbox.Claim, reason, errText string, code int) error {
-	dl := nats.NewMsg(s.cfg.DeadLetterSubject)
-	dl.Data = m.Data()
-	msgID := "dlq:" + c.ID.String() + ":" + strconv.Itoa(int(c.Gen))
-	if c.ID == uuid.Nil {
-		// No row: key the dead letter by the JetStream message itself.
-		if md, err := m.Metadata(); err == nil {
-			msgID = "dlq:seq:" + strconv.FormatUint(md.Sequence.Stream, 10)
-		}
-	} else {
-		dl.Header.Set(wire.HeaderOutboxID, c.ID.String())
-	}
-	dl.Header.Set(wire.HeaderReason, reason)
-	dl.Header.Set(wire.HeaderError, errText)
-	dl.Header.Set(wire.HeaderAttempts, strconv.Itoa(c.Attempt))
-	dl.Header.Set(wire.HeaderGen, strconv.Itoa(int(c.Gen)))
-	if code != 0 {
-		dl.Header.Set(wire.HeaderProviderCode, strconv.Itoa(code))
-	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
-	defer cancel()
-	if _, err := s.cfg.JetStream.PublishMsg(pctx, dl, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(s.cfg.DeadLetterStream)); err != nil {
-		return fmt.Errorf("publish dead letter: %w", err)
-	}
-	s.metrics.deadLetters.WithLabelValues(reason).Inc()
-	return nil
 }
 
 // writeLoop commits status writes in batches and only then answers
@@ -469,6 +491,7 @@ func (s *Sender) deadLetter(ctx context.Context, m jetstream.Msg, c outbox.Claim
 func (s *Sender) writeLoop(results <-chan result) {
 	batch := make([]result, 0, s.cfg.WriteBatch)
 	rows := make([]outbox.Result, 0, s.cfg.WriteBatch)
+	attempts := make([]outbox.Attempt, 0, s.cfg.WriteBatch)
 	for {
 		r, ok := <-results
 		if !ok {
@@ -487,13 +510,16 @@ func (s *Sender) writeLoop(results <-chan result) {
 				break more
 			}
 		}
-		rows = rows[:0]
+		rows, attempts = rows[:0], attempts[:0]
 		for _, r := range batch {
 			if r.row.Status != "" {
 				rows = append(rows, r.row)
 			}
+			if r.attempt != nil {
+				attempts = append(attempts, *r.attempt)
+			}
 		}
-		if err := s.writeStatuses(rows); err != nil {
+		if err := s.writeStatuses(rows, attempts); err != nil {
 			// Not acked: the row is still leased, and the redelivery after
 			// the lease finds the provider's stored answer under the same key.
 			s.log.Error("status write failed; messages will be redelivered", "err", err, "rows", len(rows))
@@ -519,8 +545,8 @@ func (s *Sender) writeLoop(results <-chan result) {
 	}
 }
 
-func (s *Sender) writeStatuses(rows []outbox.Result) error {
-	if len(rows) == 0 {
+func (s *Sender) writeStatuses(rows []outbox.Result, attempts []outbox.Attempt) error {
+	if len(rows) == 0 && len(attempts) == 0 {
 		return nil
 	}
 	var err error
@@ -532,7 +558,7 @@ func (s *Sender) writeStatuses(rows []outbox.Result) error {
 				return err
 			}
 			defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-			if _, err := outbox.WriteResults(ctx, tx, rows); err != nil {
+			if _, err := outbox.WriteResults(ctx, tx, rows, attempts); err != nil {
 				return err
 			}
 			return tx.Commit(ctx)

@@ -1,0 +1,193 @@
+// Package deadletter publishes and reads the dead letters of sendonce: one
+// message on sms.dlq (stream SMS_DLQ) per message finished without being sent,
+// carrying the original sms.send payload and Sendonce-* headers.
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+// Letter is one dead letter.
+type Letter struct {
+	// OutboxID is the row, uuid.Nil for a message that named no row.
+	OutboxID uuid.UUID
+	// Gen is the publish generation the letter ends.
+	Gen int32
+	// Reason is wire.ReasonPermanent, ReasonMaxAttempts, ReasonAmbiguous or
+	// ReasonInvalid.
+	Reason string
+	// Error is the last error, without personal data.
+	Error string
+	// Attempts is the number of attempts made.
+	Attempts int
+	// ProviderCode is the provider's error code, 0 when none.
+	ProviderCode int
+	// Payload is the original sms.send payload.
+	Payload []byte
+	// StreamSeq identifies a letter for a message that named no row: the
+	// sequence of that message in the SMS stream.
+	StreamSeq uint64
+
+	// Seq and Time are set on letters read back from the stream.
+	Seq  uint64
+	Time time.Time
+}
+
+// MsgID returns the letter's Nats-Msg-Id: one per row and publish
+// generation, so that dead-lettering the same publication twice (a crash
+// between the letter and the status write) stores one letter, while a
+// replayed row that dies again gets a new one.
+func (l Letter) MsgID() string {
+	if l.OutboxID == uuid.Nil {
+		return "dlq:seq:" + strconv.FormatUint(l.StreamSeq, 10)
+	}
+	return "dlq:" + l.OutboxID.String() + ":" + strconv.Itoa(int(l.Gen))
+}
+
+// Publisher publishes dead letters.
+type Publisher struct {
+	// JetStream publishes; required.
+	JetStream jetstream.JetStream
+	// Subject and Stream default to "sms.dlq" and "SMS_DLQ".
+	Subject, Stream string
+	// Timeout bounds one publication; default 10s.
+	Timeout time.Duration
+}
+
+// Publish stores l and waits for its PubAck; a duplicate counts as stored.
+func (p Publisher) Publish(ctx context.Context, l Letter) error {
+	subject, stream := p.Subject, p.Stream
+	if subject == "" {
+		subject = "sms.dlq"
+	}
+	if stream == "" {
+		stream = "SMS_DLQ"
+	}
+	timeout := p.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	m := nats.NewMsg(subject)
+	m.Data = l.Payload
+	if l.OutboxID != uuid.Nil {
+		m.Header.Set(wire.HeaderOutboxID, l.OutboxID.String())
+	}
+	m.Header.Set(wire.HeaderReason, l.Reason)
+	m.Header.Set(wire.HeaderError, l.Error)
+	m.Header.Set(wire.HeaderAttempts, strconv.Itoa(l.Attempts))
+	m.Header.Set(wire.HeaderGen, strconv.Itoa(int(l.Gen)))
+	if l.ProviderCode != 0 {
+		m.Header.Set(wire.HeaderProviderCode, strconv.Itoa(l.ProviderCode))
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if _, err := p.JetStream.PublishMsg(ctx, m, jetstream.WithMsgID(l.MsgID()), jetstream.WithExpectStream(stream)); err != nil {
+		return fmt.Errorf("publish dead letter: %w", err)
+	}
+	return nil
+}
+
+// Filter selects dead letters.
+type Filter struct {
+	// Reason, when set, keeps letters with this reason.
+	Reason string
+	// Since, when set, keeps letters stored at or after it.
+	Since time.Time
+	// OutboxID, when set, keeps the letters of one row.
+	OutboxID uuid.UUID
+}
+
+func (f Filter) keep(l Letter) bool {
+	return (f.Reason == "" || l.Reason == f.Reason) && (f.OutboxID == uuid.Nil || l.OutboxID == f.OutboxID)
+}
+
+// List reads the dead letters of stream (default "SMS_DLQ") matching f, in
+// stream order, with an ordered consumer that leaves no state behind.
+func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) ([]Letter, error) {
+	if stream == "" {
+		stream = "SMS_DLQ"
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	last := info.State.LastSeq
+	if info.State.Msgs == 0 {
+		return nil, nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if !f.Since.IsZero() {
+		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		since := f.Since
+		cfg.OptStartTime = &since
+	}
+	cons, err := s.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters: %w", err)
+	}
+	var out []Letter
+	for {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read dead letters: %w", err)
+		}
+		n := 0
+		var lastSeen uint64
+		for m := range batch.Messages() {
+			n++
+			l, err := Parse(m)
+			if err != nil {
+				return nil, err
+			}
+			lastSeen = l.Seq
+			if f.keep(l) {
+				out = append(out, l)
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("read dead letters: %w", err)
+		}
+		if n == 0 || lastSeen >= last {
+			return out, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// Parse reads a dead letter back from a stream message.
+func Parse(m jetstream.Msg) (Letter, error) {
+	h := m.Headers()
+	l := Letter{Reason: h.Get(wire.HeaderReason), Error: h.Get(wire.HeaderError), Payload: m.Data()}
+	if id := h.Get(wire.HeaderOutboxID); id != "" {
+		u, err := uuid.Parse(id)
+		if err != nil {
+			return Letter{}, fmt.Errorf("dead letter with a bad %s header", wire.HeaderOutboxID)
+		}
+		l.OutboxID = u
+	}
+	l.Attempts, _ = strconv.Atoi(h.Get(wire.HeaderAttempts))
+	l.ProviderCode, _ = strconv.Atoi(h.Get(wire.HeaderProviderCode))
+	gen, _ := strconv.Atoi(h.Get(wire.HeaderGen))
+	l.Gen = int32(gen)
+	if md, err := m.Metadata(); err == nil {
+		l.Seq = md.Sequence.Stream
+		l.Time = md.Timestamp
+	}
+	return l, nil
+}

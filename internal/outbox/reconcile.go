@@ -1,0 +1,90 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Stuck is a row the reconciler found in flight for too long.
+type Stuck struct {
+	// ID is the row id.
+	ID uuid.UUID
+	// Status is queued or sending.
+	Status State
+	// Gen is the row's current publish generation.
+	Gen int32
+	// Attempts and MaxAttempts are the attempts made and allowed.
+	Attempts, MaxAttempts int
+}
+
+// Spent reports whether the row has no attempt left.
+func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
+
+// ClaimStuck locks up to limit rows that no message will move any more, in
+// tx, skipping rows another reconciler holds:
+//   - queued rows whose retry time passed more than grace ago, whose current
+//     publication the consumer has already delivered (stream_seq at or below
+//     deliveredSeq: a row behind it in a backlog is only waiting), and not
+//     touched for grace;
+//   - sending rows not touched for grace: the attempt died and no
+//     redelivery came to take the expired lease over.
+//
+// grace must exceed the senders' lease plus the consumer's AckWait, or live
+// work is republished (harmless, the senders' claim deduplicates, but
+// wasteful).
+func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, deliveredSeq uint64, limit int) ([]Stuck, error) {
+	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts
+		FROM sms_outbox
+		WHERE status IN ('queued', 'sending')
+		  AND updated_at < now() - $1::interval
+		  AND next_attempt_at < now() - $1::interval
+		  AND (status = 'sending' OR stream_seq IS NULL OR stream_seq <= $2)
+		ORDER BY updated_at
+		LIMIT $3
+		FOR UPDATE SKIP LOCKED`, grace, int64(min(deliveredSeq, 1<<62)), limit)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
+		var s Stuck
+		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim stuck rows: %w", err)
+	}
+	return out, nil
+}
+
+// MarkRepublished records a republication of a stuck row under publish
+// generation gen at stream sequence seq. A queued row's clock restarts; a
+// sending row keeps its stale lease (so that the next claim knows the earlier
+// attempt's outcome is unknown), and its retry time moves to now, which keeps
+// the reconciler off it for another grace period.
+func MarkRepublished(ctx context.Context, tx pgx.Tx, id uuid.UUID, gen int32, seq uint64) error {
+	_, err := tx.Exec(ctx, `UPDATE sms_outbox
+		SET publish_gen = $2, stream_seq = $3, next_attempt_at = now(),
+		    updated_at = CASE WHEN status = 'queued' THEN now() ELSE updated_at END
+		WHERE id = $1 AND status IN ('queued', 'sending')`, id, gen, int64(seq))
+	if err != nil {
+		return fmt.Errorf("outbox: mark republished: %w", err)
+	}
+	return nil
+}
+
+// Finalize ends a stuck row whose attempts are spent with status (dead or
+// unknown) and reason, and records the decision in the attempts log.
+func Finalize(ctx context.Context, tx pgx.Tx, s Stuck, status State, outcome, reason string) error {
+	tag, err := tx.Exec(ctx, `UPDATE sms_outbox SET status = $2, last_error = $3, updated_at = now()
+		WHERE id = $1 AND status IN ('queued', 'sending')`, s.ID, string(status), reason)
+	if err != nil {
+		return fmt.Errorf("outbox: finalize stuck row: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return nil
+	}
+	return insertAttempts(ctx, tx, []Attempt{{
+		OutboxID: s.ID, Number: s.Attempts, StartedAt: time.Now(), Outcome: outcome, Error: reason, Sender: "reconciler",
+	}})
+}

@@ -1,0 +1,241 @@
+package provider
+
+import (
+	"bytes"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	date := func(d time.Duration) string { return now.Add(d).Format(http.TimeFormat) }
+	tests := []struct {
+		in      string
+		ceiling time.Duration
+		want    time.Duration
+	}{
+		{"", time.Hour, 0},
+		{"   ", time.Hour, 0},
+		{"0", time.Hour, time.Millisecond},
+		{"000", time.Hour, time.Millisecond},
+		{"1", time.Hour, time.Second},
+		{"120", time.Hour, 120 * time.Second},
+		{" 120\t", time.Hour, 120 * time.Second},
+		{"0120", time.Hour, 120 * time.Second},
+		{"3600", time.Hour, time.Hour},
+		{"3601", time.Hour, time.Hour},
+		{"86400", time.Hour, time.Hour},
+		{"9223372036854775807", time.Hour, time.Hour},
+		{"99999999999999999999999", time.Hour, time.Hour},
+		{"5", 2 * time.Second, 2 * time.Second},
+		{"1", 1500 * time.Millisecond, time.Second},
+		{"2", 1500 * time.Millisecond, 1500 * time.Millisecond},
+		{"1", 500 * time.Millisecond, 500 * time.Millisecond},
+		{"-1", time.Hour, 0},
+		{"+5", time.Hour, 0},
+		{"1.5", time.Hour, 0},
+		{"1e3", time.Hour, 0},
+		{"5s", time.Hour, 0},
+		{"soon", time.Hour, 0},
+		{"1 2", time.Hour, 0},
+		{"０", time.Hour, 0}, // fullwidth digit
+		{date(90 * time.Second), time.Hour, 90 * time.Second},
+		{date(2 * time.Hour), time.Hour, time.Hour},
+		{date(0), time.Hour, time.Millisecond},
+		{date(-time.Hour), time.Hour, time.Millisecond},
+		{"Sun, 06 Nov 1994 08:49:37 GMT", time.Hour, time.Millisecond},
+		{"Sunday, 06-Nov-94 08:49:37 GMT", time.Hour, time.Millisecond},       // RFC 850
+		{"Sun Nov  6 08:49:37 1994", time.Hour, time.Millisecond},             // ANSI C
+		{"Fri, 31 Dec 9999 23:59:59 GMT", time.Hour, time.Hour},               // far future
+		{"Mon, 01 Mar 2026 12:01:00 GMT", time.Hour, time.Minute},             // wrong weekday still parses
+		{"Sun, 01 Mar 2026 12:01:00 PST", time.Hour, 0},                       // not GMT: not an HTTP-date
+		{"2026-03-01T12:01:00Z", time.Hour, 0},                                // RFC 3339 is not an HTTP-date
+		{"Sun, 01 Mar 2026 12:01:00 GMT garbage", time.Hour, 0},               // trailing junk
+		{"Sun, 32 Mar 2026 12:01:00 GMT", time.Hour, 0},                       // no such day
+		{strings.Repeat("9", 10000), time.Hour, time.Hour},                    // long digits
+		{strings.Repeat("x", 10000), time.Hour, 0},                            // long junk
+		{"Sun, 01 Mar 2026 12:01:00 GMT", 30 * time.Second, 30 * time.Second}, // date capped
+	}
+	for _, tt := range tests {
+		if got := parseRetryAfter(tt.in, now, tt.ceiling); got != tt.want {
+			t.Errorf("parseRetryAfter(%.40q, ceiling %s) = %s, want %s", tt.in, tt.ceiling, got, tt.want)
+		}
+	}
+}
+
+// FuzzParseRetryAfter checks that any header value, clock and ceiling gives
+// a delay within [0, ceiling], and 0 only for a value that is neither
+// delta-seconds nor an HTTP-date.
+func FuzzParseRetryAfter(f *testing.F) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).Unix()
+	for _, v := range []string{"", "0", "120", "99999999999999999999", "-1", "1.5", "soon",
+		"Sun, 01 Mar 2026 12:01:00 GMT", "Sun, 06 Nov 1994 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"} {
+		f.Add(v, now, int64(time.Hour))
+	}
+	f.Fuzz(func(t *testing.T, v string, nowUnix, ceilingNs int64) {
+		// A ceiling below 1ms cannot hold the 1ms "now" answer, and New
+		// never configures one: keep it in [1ms, max].
+		ceiling := time.Duration(ceilingNs)
+		if ceiling < time.Millisecond {
+			ceiling = time.Millisecond + time.Duration(uint64(ceilingNs)%uint64(time.Hour))
+		}
+		got := parseRetryAfter(v, time.Unix(nowUnix, 0), ceiling)
+		if got < 0 || got > ceiling {
+			t.Fatalf("parseRetryAfter(%q, %d, %s) = %s, outside [0, %s]", v, nowUnix, ceiling, got, ceiling)
+		}
+		trimmed := strings.TrimSpace(v)
+		_, dateErr := http.ParseTime(trimmed)
+		valid := isDigits(trimmed) || dateErr == nil
+		if valid != (got > 0) {
+			t.Fatalf("parseRetryAfter(%q) = %s; valid value: %v", v, got, valid)
+		}
+	})
+}
+
+// phoneLike matches six or more digits in a row, allowing the separators
+// people write numbers with.
+var phoneLike = regexp.MustCompile(`[0-9](?:[ ().\-]{0,2}[0-9]){5,}`)
+
+func TestScrub(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ in, want string }{
+		{"", ""},
+		{"invalid To", "invalid To"},
+		{"code 21211", "code 21211"},
+		{"The 'To' number +15551234567 is not valid", "The 'To' number +# is not valid"},
+		{"call 123456", "call #"},
+		{"call 12345", "call 12345"},
+		{"To +1 555 123 4567.", "To +#."},
+		{"To (555) 123-4567!", "To (#!"},
+		{"To 555.123.4567", "To #"},
+		{"at 12:30, 1 to 3", "at 12:30, 1 to 3"},
+		{"1 2 3 4 5 6", "#"},
+		{"1   2 3 4 5 6", "1   2 3 4 5 6"}, // three separators break a run
+		{"12345\xff6", "12345\uFFFD6"},     // an invalid byte joins nothing
+		{strings.Repeat("a", 300), strings.Repeat("a", 200)},
+		{strings.Repeat("é", 150), strings.Repeat("é", 100)},
+		{strings.Repeat("é", 99) + "xé", strings.Repeat("é", 99) + "x"}, // 201 bytes: the last rune goes whole
+		{strings.Repeat("x", 199) + "é", strings.Repeat("x", 199)},      // cut mid rune
+	}
+	for _, tt := range tests {
+		if got := scrub(tt.in); got != tt.want {
+			t.Errorf("scrub(%.60q) = %.60q, want %.60q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// FuzzScrub checks that scrubbed text is short, valid UTF-8 and holds no
+// number-like run, whatever a provider sends.
+func FuzzScrub(f *testing.F) {
+	for _, s := range []string{"", "+15551234567", "+1 (555) 123-4567", "12345\xff6", "٠١٢٣٤٥٦٧٨٩", strings.Repeat("1 ", 200)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got := scrub(s)
+		if len(got) > 200 || !utf8.ValidString(got) {
+			t.Fatalf("scrub(%q) = %q: %d bytes, valid UTF-8 %v", s, got, len(got), utf8.ValidString(got))
+		}
+		if m := phoneLike.FindString(got); m != "" {
+			t.Fatalf("scrub(%q) = %q holds %q", s, got, m)
+		}
+	})
+}
+
+// FuzzClassifyBody feeds any status and body to the classifier, as Send
+// would after reading at most MaxResponseBytes+1 bytes, and checks the
+// outcome against DESIGN 5.
+func FuzzClassifyBody(f *testing.F) {
+	seeds := []struct {
+		status int
+		body   string
+		ra     string
+	}{
+		{201, `{"id":"msg_1"}`, ""},
+		{200, ``, ""},
+		{400, `{"code":21211,"message":"The 'To' number +15551234567 is not valid"}`, ""},
+		{500, `{"code":"21610"}`, ""},
+		{429, `{"code":20429}`, "7"},
+		{503, `not json`, "Sun, 01 Mar 2026 12:01:00 GMT"},
+		{500, `{"code":30003,"message":"\u00ff\ud800"}`, ""},
+		{409, `{"code":1e400}`, ""},
+		{302, ``, ""},
+	}
+	for _, s := range seeds {
+		f.Add(s.status, []byte(s.body), s.ra, true)
+		f.Add(s.status, []byte(s.body), s.ra, false)
+	}
+	const maxAfter = 10 * time.Minute
+	clients := map[bool]*Client{}
+	for _, idem := range []bool{true, false} {
+		c, err := New(Config{BaseURL: "http://127.0.0.1:1", Idempotent: idem, PermanentCodes: []int{30003}, MaxRetryAfter: maxAfter})
+		if err != nil {
+			f.Fatal(err)
+		}
+		clients[idem] = c
+	}
+	f.Fuzz(func(t *testing.T, status int, body []byte, retryAfter string, idempotent bool) {
+		if status < 200 || status > 599 {
+			status = 200 + int(uint(status)%400)
+		}
+		if len(body) > MaxResponseBytes+1 {
+			body = body[:MaxResponseBytes+1]
+		}
+		c := clients[idempotent]
+		resp := &http.Response{StatusCode: status, Header: http.Header{"Retry-After": {retryAfter}}, Body: http.NoBody}
+		o := c.classify(resp, body, nil)
+
+		if o.HTTPStatus != status {
+			t.Fatalf("HTTPStatus = %d, want %d", o.HTTPStatus, status)
+		}
+		if o.Code < 0 {
+			t.Fatalf("Code = %d", o.Code)
+		}
+		if o.Code != 0 && !bytes.Contains(body, []byte(strconv.Itoa(o.Code))) && !bytes.Contains(body, []byte(`\u`)) {
+			t.Fatalf("Code %d is not in the body %q", o.Code, body)
+		}
+		if o.After < 0 || o.After > maxAfter {
+			t.Fatalf("After = %s outside [0, %s]", o.After, maxAfter)
+		}
+		if o.After != 0 && (o.Kind != Retry || (status != 429 && status != 503)) {
+			t.Fatalf("After = %s on a %v for status %d", o.After, o.Kind, status)
+		}
+		if len(o.Ref) > 200 || (o.Ref != "" && o.Kind != Sent) {
+			t.Fatalf("Ref = %q on a %v", o.Ref, o.Kind)
+		}
+		if len(o.Reason) > 200 || !utf8.ValidString(o.Reason) || phoneLike.MatchString(o.Reason) {
+			t.Fatalf("Reason = %q: too long, invalid UTF-8 or number-like", o.Reason)
+		}
+		if o.Kind != Sent && o.Reason == "" {
+			t.Fatal("a failure without a Reason")
+		}
+		if m := phoneLike.FindString(o.Error()); m != "" && !strings.HasPrefix(o.Error(), "http "+strconv.Itoa(status)+", provider code") {
+			t.Fatalf("Error() = %q holds %q", o.Error(), m)
+		}
+
+		var want Kind
+		switch {
+		case status < 300:
+			want = Sent
+		case o.Code != 0 && slices.Contains(c.permanent, o.Code):
+			want = Permanent
+		case status == 408 || status == 409 || status == 425 || status == 429:
+			want = Retry
+		case status >= 500 && idempotent:
+			want = Retry
+		case status >= 500:
+			want = Ambiguous
+		default:
+			want = Permanent
+		}
+		if o.Kind != want {
+			t.Fatalf("status %d, code %d, idempotent %v: Kind = %v, want %v", status, o.Code, idempotent, o.Kind, want)
+		}
+	})
+}
