@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -49,6 +50,9 @@ type config struct {
 	ackTimeout    time.Duration
 	dbTimeout     time.Duration
 	shutdown      time.Duration
+	reconcile     bool
+	reconcileInt  time.Duration
+	reconcileAge  time.Duration
 }
 
 func bind(s *envflag.Set, c *config) {
@@ -65,10 +69,26 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks")
 	s.Duration(&c.dbTimeout, "db-timeout", "DB_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
 	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown")
+	s.Bool(&c.reconcile, "reconcile", "RECONCILE", true, "run the reconciler, which republishes or finalises rows stuck in queued or sending")
+	s.Duration(&c.reconcileInt, "reconcile-interval", "RECONCILE_INTERVAL", 30*time.Second, 10*time.Millisecond, time.Hour, "time between reconciler passes")
+	s.Duration(&c.reconcileAge, "reconcile-grace", "RECONCILE_GRACE", 2*time.Minute, time.Millisecond, 24*time.Hour, "how long past its retry time a queued row, or past its last touch a sending row, waits before it counts as stuck; must exceed SENDER_LEASE plus the consumer's AckWait")
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	migrateMode := len(args) > 1 && args[1] == "migrate"
+	sub := ""
+	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		sub = args[1]
+	}
+	switch sub {
+	case "":
+	case "migrate":
+	case "dlq", "trace":
+		return runOps(ctx, sub, args[2:], getenv, stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "relay: unknown command %q (want migrate, dlq or trace)\n", sub)
+		return 2
+	}
+	migrateMode := sub == "migrate"
 	flagArgs := args[1:]
 	name := "relay"
 	if migrateMode {
@@ -191,10 +211,32 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 			_ = srv.Shutdown(sctx)
 		}()
 	}
-	log.Info("relay started", "batch_size", c.batchSize, "publish_window", c.publishWindow)
+	var rec *relay.Reconciler
+	if c.reconcile {
+		rec, err = relay.NewReconciler(relay.ReconcilerConfig{
+			Pool: pool, JetStream: js, Interval: c.reconcileInt, Grace: c.reconcileAge,
+			DBTimeout: c.dbTimeout, Logger: log, Registerer: reg,
+		})
+		if err != nil {
+			return err
+		}
+		if err := rec.CheckGrace(startCtx); err != nil {
+			return fmt.Errorf("RECONCILE_GRACE: %w", err)
+		}
+	}
+	log.Info("relay started", "batch_size", c.batchSize, "publish_window", c.publishWindow, "reconcile", c.reconcile)
 
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	go func() {
+		recDone := make(chan error, 1)
+		if rec != nil {
+			go func() { recDone <- rec.Run(ctx) }()
+		} else {
+			recDone <- nil
+		}
+		err := r.Run(ctx)
+		done <- errors.Join(err, <-recDone)
+	}()
 	select {
 	case err = <-done:
 	case <-ctx.Done():

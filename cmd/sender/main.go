@@ -42,8 +42,13 @@ type config struct {
 	httpAddr       string
 	logFormat      string
 	logLevel       string
+	providerKind   string
 	apiBase        string
 	apiKey         string
+	twilioSID      string
+	twilioToken    string
+	twilioFrom     string
+	twilioService  string
 	apiTimeout     time.Duration
 	idempotent     bool
 	permanentCodes string
@@ -63,10 +68,14 @@ func bind(s *envflag.Set, c *config) {
 	s.String(&c.httpAddr, "http-addr", "HTTP_ADDR", ":9102", "address for /metrics, /healthz and /readyz; empty disables")
 	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
-	s.String(&c.apiBase, "sms-api-base", "SMS_API_BASE", "", "provider base URL; messages are POSTed to BASE/v1/messages")
-	s.Required(&c.apiBase, "sms-api-base")
+	s.Enum(&c.providerKind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio"}, "provider API shape: generic (DESIGN 4.4, JSON with Idempotency-Key) or twilio (never idempotent)")
+	s.String(&c.apiBase, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com")
 	s.URL(&c.apiBase, "sms-api-base", "http", "https")
-	s.Secret(&c.apiKey, "sms-api-key", "SMS_API_KEY", "provider API key, sent as a Bearer token")
+	s.Secret(&c.apiKey, "sms-api-key", "SMS_API_KEY", "generic provider API key, sent as a Bearer token")
+	s.String(&c.twilioSID, "twilio-account-sid", "TWILIO_ACCOUNT_SID", "", "twilio: account SID (basic-auth user)")
+	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "twilio: auth token (basic-auth password)")
+	s.String(&c.twilioFrom, "twilio-from", "TWILIO_FROM", "", "twilio: sending number or sender id")
+	s.String(&c.twilioService, "twilio-messaging-service-sid", "TWILIO_MESSAGING_SERVICE_SID", "", "twilio: messaging service SID, instead of TWILIO_FROM")
 	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", 10*time.Second, 10*time.Millisecond, 10*time.Minute, "bound on one provider attempt")
 	s.Bool(&c.idempotent, "sms-api-idempotent", "SMS_API_IDEMPOTENT", true, "the provider honours Idempotency-Key; false turns every ambiguous outcome into status unknown instead of a retry")
 	s.String(&c.permanentCodes, "sms-permanent-codes", "SMS_PERMANENT_CODES", "", "comma-separated provider error codes to treat as permanent, besides 21211,21214,21614,21610,21612")
@@ -77,6 +86,16 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.dbTimeout, "db-timeout", "DB_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
 	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown")
 	s.Check(func() error {
+		switch {
+		case c.providerKind == "generic" && c.apiBase == "":
+			return errors.New("-sms-api-base / SMS_API_BASE is required")
+		case c.providerKind == "twilio" && c.twilioSID == "":
+			return errors.New("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with SMS_PROVIDER=twilio")
+		case c.providerKind == "twilio" && c.twilioToken == "":
+			return errors.New("-twilio-auth-token / TWILIO_AUTH_TOKEN is required with SMS_PROVIDER=twilio")
+		case c.providerKind == "twilio" && c.twilioFrom == "" && c.twilioService == "":
+			return errors.New("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with SMS_PROVIDER=twilio")
+		}
 		if c.retryCap < c.retryBase {
 			return fmt.Errorf("-retry-cap / RETRY_CAP (%s) is below -retry-base / RETRY_BASE (%s)", c.retryCap, c.retryBase)
 		}
@@ -132,10 +151,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 func runSender(ctx context.Context, c config, log *slog.Logger) error {
 	codes, _ := parseCodes(c.permanentCodes)
-	prov, err := provider.New(provider.Config{
-		BaseURL: c.apiBase, APIKey: c.apiKey, Timeout: c.apiTimeout, Idempotent: c.idempotent,
-		PermanentCodes: codes, MaxConns: c.concurrency,
-	})
+	var prov *provider.Client
+	var err error
+	if c.providerKind == "twilio" {
+		prov, err = provider.NewTwilio(provider.TwilioConfig{
+			BaseURL: c.apiBase, AccountSID: c.twilioSID, AuthToken: c.twilioToken, From: c.twilioFrom,
+			MessagingServiceSID: c.twilioService, Timeout: c.apiTimeout, PermanentCodes: codes, MaxConns: c.concurrency,
+		})
+	} else {
+		prov, err = provider.New(provider.Config{
+			BaseURL: c.apiBase, APIKey: c.apiKey, Timeout: c.apiTimeout, Idempotent: c.idempotent,
+			PermanentCodes: codes, MaxConns: c.concurrency,
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("SMS_API_BASE: %w", err)
 	}
@@ -201,7 +229,7 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 			_ = srv.Shutdown(sctx)
 		}()
 	}
-	log.Info("sender started", "concurrency", c.concurrency, "idempotent_provider", c.idempotent, "api_timeout", c.apiTimeout)
+	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout)
 
 	done := make(chan error, 1)
 	go func() { done <- snd.Run(ctx) }()

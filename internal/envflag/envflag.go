@@ -24,6 +24,10 @@ type Set struct {
 	errs   []error
 	checks []func() error
 	byFlag map[string]string // flag name -> env var
+	// builtin is each flag's default before the environment: usage prints
+	// it, never a value from the environment, which may hold a credential
+	// (a password in DATABASE_URL).
+	builtin map[string]string
 }
 
 // New returns a Set for the program name. getenv is os.Getenv in main and a
@@ -31,14 +35,20 @@ type Set struct {
 func New(name string, getenv func(string) string, output io.Writer) *Set {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(output)
-	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}}
+	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}, builtin: map[string]string{}}
 	fs.Usage = func() {
 		fmt.Fprintf(output, "Usage of %s (flags override environment variables):\n", name)
 		fs.VisitAll(func(f *flag.Flag) {
 			env := s.byFlag[f.Name]
-			def := f.DefValue
+			def, ok := s.builtin[f.Name]
+			if !ok {
+				def = f.DefValue // bound on FlagSet() directly
+			}
 			if def == "" {
 				def = `""`
+			}
+			if env != "" && (s.getenv(env) != "" || s.getenv(env+"_FILE") != "") {
+				env += ", set"
 			}
 			fmt.Fprintf(output, "  -%s  (env %s, default %s)\n      %s\n", f.Name, env, def, f.Usage)
 		})
@@ -49,8 +59,9 @@ func New(name string, getenv func(string) string, output io.Writer) *Set {
 // FlagSet returns the underlying flag set.
 func (s *Set) FlagSet() *flag.FlagSet { return s.fs }
 
-func (s *Set) env(name, env string) (string, bool) {
+func (s *Set) env(name, env string, def any) (string, bool) {
 	s.byFlag[name] = env
+	s.builtin[name] = fmt.Sprint(def)
 	v := s.getenv(env)
 	return v, v != ""
 }
@@ -61,7 +72,7 @@ func (s *Set) fail(env string, raw string, err error) {
 
 // String binds a string setting.
 func (s *Set) String(p *string, name, env, def, usage string) {
-	if v, ok := s.env(name, env); ok {
+	if v, ok := s.env(name, env, def); ok {
 		def = v
 	}
 	s.fs.StringVar(p, name, def, usage)
@@ -70,7 +81,7 @@ func (s *Set) String(p *string, name, env, def, usage string) {
 // Secret binds a string setting that may also come from the file named by
 // ENV_FILE (trailing newlines trimmed). Its value is never printed.
 func (s *Set) Secret(p *string, name, env, usage string) {
-	v, _ := s.env(name, env)
+	v, _ := s.env(name, env, "")
 	if path := s.getenv(env + "_FILE"); path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -87,7 +98,7 @@ func (s *Set) Secret(p *string, name, env, usage string) {
 
 // Int binds an integer setting within [lo, hi].
 func (s *Set) Int(p *int, name, env string, def, lo, hi int, usage string) {
-	if raw, ok := s.env(name, env); ok {
+	if raw, ok := s.env(name, env, def); ok {
 		v, err := strconv.Atoi(strings.TrimSpace(raw))
 		if err != nil {
 			s.fail(env, raw, errors.New("not an integer"))
@@ -106,7 +117,7 @@ func (s *Set) Int(p *int, name, env string, def, lo, hi int, usage string) {
 
 // Float binds a float setting within [lo, hi].
 func (s *Set) Float(p *float64, name, env string, def, lo, hi float64, usage string) {
-	if raw, ok := s.env(name, env); ok {
+	if raw, ok := s.env(name, env, def); ok {
 		v, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
 		if err != nil {
 			s.fail(env, raw, errors.New("not a number"))
@@ -125,7 +136,7 @@ func (s *Set) Float(p *float64, name, env string, def, lo, hi float64, usage str
 
 // Duration binds a Go duration setting within [lo, hi].
 func (s *Set) Duration(p *time.Duration, name, env string, def, lo, hi time.Duration, usage string) {
-	if raw, ok := s.env(name, env); ok {
+	if raw, ok := s.env(name, env, def); ok {
 		v, err := time.ParseDuration(strings.TrimSpace(raw))
 		if err != nil {
 			s.fail(env, raw, errors.New("not a Go duration such as 500ms, 10s or 2m"))
@@ -144,7 +155,7 @@ func (s *Set) Duration(p *time.Duration, name, env string, def, lo, hi time.Dura
 
 // Bool binds a boolean setting.
 func (s *Set) Bool(p *bool, name, env string, def bool, usage string) {
-	if raw, ok := s.env(name, env); ok {
+	if raw, ok := s.env(name, env, def); ok {
 		v, err := strconv.ParseBool(strings.TrimSpace(raw))
 		if err != nil {
 			s.fail(env, raw, errors.New("not a boolean (true or false)"))

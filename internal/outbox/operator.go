@@ -64,6 +64,12 @@ func Replay(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, dryRun bool) ([]Rep
 		}
 		out = append(out, r)
 	}
+	if !dryRun {
+		// Wake the relays now rather than at their next poll.
+		if _, err := tx.Exec(ctx, `SELECT pg_notify('sms_outbox', '')`); err != nil {
+			return nil, fmt.Errorf("outbox: replay: notify: %w", err)
+		}
+	}
 	return out, nil
 }
 

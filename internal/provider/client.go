@@ -73,6 +73,10 @@ type Client struct {
 	auth      string
 	http      *http.Client
 	permanent []int
+	// newRequest builds the provider's request shape for m.
+	newRequest func(ctx context.Context, m Message) (*http.Request, error)
+	// refField names the message id in a success response.
+	refField string
 }
 
 // New returns a client, or an error naming the invalid setting.
@@ -121,6 +125,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.APIKey != "" {
 		c.auth = "Bearer " + cfg.APIKey
 	}
+	c.newRequest, c.refField = c.genericRequest, "id"
 	return c, nil
 }
 
@@ -137,13 +142,6 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 
-	body, err := json.Marshal(struct {
-		To   string `json:"to"`
-		Body string `json:"body"`
-	}{m.To, m.Body})
-	if err != nil {
-		return Outcome{Kind: Permanent, Reason: "encode request: " + err.Error(), Latency: time.Since(start)}
-	}
 	// Set by the transport's writer goroutine once the whole request is on
 	// the wire: from then on the provider may have acted on it.
 	var wrote atomic.Bool
@@ -154,13 +152,10 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 			}
 		},
 	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	req, err := c.newRequest(ctx, m)
 	if err != nil {
 		return Outcome{Kind: Permanent, Reason: "build request: " + scrub(err.Error()), Latency: time.Since(start)}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("Idempotency-Key", m.Key)
 	req.Header.Set("User-Agent", "sendonce")
 	if c.auth != "" {
 		req.Header.Set("Authorization", c.auth)
@@ -183,6 +178,26 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	o := c.classify(resp, data, readErr)
 	o.Latency = time.Since(start)
 	return o
+}
+
+// genericRequest builds the request of DESIGN 4.4: JSON, and the key in
+// Idempotency-Key.
+func (c *Client) genericRequest(ctx context.Context, m Message) (*http.Request, error) {
+	body, err := json.Marshal(struct {
+		To   string `json:"to"`
+		Body string `json:"body"`
+	}{m.To, m.Body})
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Idempotency-Key", m.Key)
+	return req, nil
 }
 
 // transportFailure classifies an attempt that produced no response. Before
@@ -209,17 +224,16 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outco
 	}
 	oversize := len(data) > MaxResponseBytes
 	if status >= 200 && status < 300 {
-		var ok struct {
-			ID string `json:"id"`
-		}
+		var ok map[string]json.RawMessage
+		var ref string
 		// The provider accepted: that is the fact that matters, even when
 		// its answer cannot be read. A retry would replay the same answer.
 		o := Outcome{Kind: Sent, HTTPStatus: status}
-		if oversize || json.Unmarshal(data, &ok) != nil || ok.ID == "" || len(ok.ID) > 200 {
+		if oversize || json.Unmarshal(data, &ok) != nil || json.Unmarshal(ok[c.refField], &ref) != nil || ref == "" || len(ref) > 200 {
 			o.Reason = "accepted, but the response carries no readable message id"
 			return o
 		}
-		o.Ref = ok.ID
+		o.Ref = ref
 		return o
 	}
 

@@ -80,6 +80,9 @@ func Load(fsys fs.FS, dir string) (*Topology, error) {
 			if cfg.Durable != durable {
 				return nil, fmt.Errorf("%s: durable_name %q does not match the file name", p, cfg.Durable)
 			}
+			if err := validateConsumer(cfg); err != nil {
+				return nil, fmt.Errorf("%s: %w", p, err)
+			}
 			t.Consumers[stream] = append(t.Consumers[stream], cfg)
 		}
 	}
@@ -149,6 +152,27 @@ func (t *Topology) Check(ctx context.Context, js jetstream.JetStream) error {
 				return fmt.Errorf("stream %s is missing", cfg.Name)
 			}
 			return fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+// validateConsumer refuses settings the server would reject or that break
+// the senders' assumptions, naming the setting.
+func validateConsumer(c jetstream.ConsumerConfig) error {
+	switch {
+	case c.AckPolicy != jetstream.AckExplicitPolicy:
+		return errors.New("ack_policy must be explicit: a message is acked only after its status is written")
+	case c.MaxDeliver != -1 && c.MaxDeliver < 1:
+		return fmt.Errorf("max_deliver %d must be -1 or at least 1", c.MaxDeliver)
+	case len(c.BackOff) > 0 && c.MaxDeliver != -1 && c.MaxDeliver < len(c.BackOff):
+		return fmt.Errorf("max_deliver %d is below the %d steps of backoff", c.MaxDeliver, len(c.BackOff))
+	case c.AckWait < 0:
+		return fmt.Errorf("ack_wait %s is negative", c.AckWait)
+	}
+	for i, d := range c.BackOff {
+		if d <= 0 {
+			return fmt.Errorf("backoff[%d] %s must be positive", i, d)
 		}
 	}
 	return nil

@@ -59,6 +59,14 @@ func TestLoadRefusesMistakes(t *testing.T) {
 			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
 			"n/T.c.consumer.json": {Data: []byte(`{"durable_name":"c"}`)},
 		},
+		"max_deliver below backoff": {
+			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
+			"n/S.c.consumer.json": {Data: []byte(`{"durable_name":"c","ack_policy":"explicit","max_deliver":2,"backoff":[1000000000,2000000000,3000000000]}`)},
+		},
+		"ack none": {
+			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
+			"n/S.c.consumer.json": {Data: []byte(`{"durable_name":"c","ack_policy":"none"}`)},
+		},
 		"durable mismatch": {
 			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
 			"n/S.c.consumer.json": {Data: []byte(`{"durable_name":"d"}`)},

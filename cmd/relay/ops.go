@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sendonce/sendonce/internal/deadletter"
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+const opsUsage = `operator commands:
+  relay dlq list   [-reason R] [-since T]                 list dead letters
+  relay dlq replay (-id ID | -reason R [-since T]) [-dry-run]
+                                                          put dead or unknown rows back to pending
+  relay trace ID                                          a row, its attempts and its dead letters
+T is an RFC 3339 time or a duration back from now (24h). R is permanent,
+max_attempts, ambiguous or invalid.`
+
+type opsConfig struct {
+	databaseURL, natsURL string
+	reason, since, id    string
+	dryRun               bool
+}
+
+func runOps(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	verb := ""
+	if cmd == "dlq" {
+		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+			fmt.Fprintln(stderr, opsUsage)
+			return 2
+		}
+		verb, args = args[0], args[1:]
+		if verb != "list" && verb != "replay" {
+			fmt.Fprintf(stderr, "relay dlq: unknown command %q\n%s\n", verb, opsUsage)
+			return 2
+		}
+	}
+	var c opsConfig
+	s := envflag.New("relay "+strings.TrimSpace(cmd+" "+verb), getenv, stderr)
+	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "", "Postgres URL of the database holding sms_outbox")
+	s.Required(&c.databaseURL, "database-url")
+	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
+	fs := s.FlagSet()
+	if cmd == "dlq" {
+		fs.StringVar(&c.reason, "reason", "", "only dead letters with this reason")
+		fs.StringVar(&c.since, "since", "", "only dead letters since this time (RFC 3339) or for this long (24h)")
+	}
+	if verb == "replay" {
+		fs.StringVar(&c.id, "id", "", "replay this row")
+		fs.BoolVar(&c.dryRun, "dry-run", false, "show what would be replayed, change nothing")
+	}
+	if err := s.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, opsUsage)
+			return 0
+		}
+		fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)
+		return 2
+	}
+	var err error
+	switch {
+	case cmd == "trace":
+		if fs.NArg() != 1 {
+			fmt.Fprintf(stderr, "relay trace: want one row id\n%s\n", opsUsage)
+			return 2
+		}
+		err = trace(ctx, c, fs.Arg(0), stdout)
+	case verb == "list":
+		err = dlqList(ctx, c, stdout)
+	case verb == "replay":
+		err = dlqReplay(ctx, c, stdout)
+	}
+	var usage usageError
+	if errors.As(err, &usage) {
+		fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)
+		return 1
+	}
+	return 0
+}
+
+type usageError struct{ error }
+
+func (c opsConfig) filter() (deadletter.Filter, error) {
+	f := deadletter.Filter{Reason: c.reason}
+	switch c.reason {
+	case "", wire.ReasonPermanent, wire.ReasonMaxAttempts, wire.ReasonAmbiguous, wire.ReasonInvalid:
+	default:
+		return f, usageError{fmt.Errorf("-reason %q: want permanent, max_attempts, ambiguous or invalid", c.reason)}
+	}
+	if c.since != "" {
+		if d, err := time.ParseDuration(c.since); err == nil && d > 0 {
+			f.Since = time.Now().Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, c.since); err == nil {
+			f.Since = t
+		} else {
+			return f, usageError{fmt.Errorf("-since %q: want an RFC 3339 time or a positive duration", c.since)}
+		}
+	}
+	return f, nil
+}
+
+func listLetters(ctx context.Context, c opsConfig, f deadletter.Filter) ([]deadletter.Letter, error) {
+	nc, js, err := natsconn.Connect(natsconn.Config{URL: c.natsURL, Name: "sendonce-relay-ops", ConnectTimeout: 10 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return deadletter.List(ctx, js, "", f)
+}
+
+func dlqList(ctx context.Context, c opsConfig, out io.Writer) error {
+	f, err := c.filter()
+	if err != nil {
+		return err
+	}
+	letters, err := listLetters(ctx, c, f)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tTIME\tOUTBOX ID\tREASON\tATTEMPTS\tCODE\tERROR")
+	for _, l := range letters {
+		id := "-"
+		if l.OutboxID != uuid.Nil {
+			id = l.OutboxID.String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\n", l.Seq, l.Time.UTC().Format(time.RFC3339), id, l.Reason, l.Attempts, l.ProviderCode, l.Error)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%d dead letters\n", len(letters))
+	return nil
+}
+
+func dlqReplay(ctx context.Context, c opsConfig, out io.Writer) error {
+	var ids []uuid.UUID
+	switch {
+	case c.id != "" && (c.reason != "" || c.since != ""):
+		return usageError{errors.New("give -id or -reason/-since, not both")}
+	case c.id != "":
+		id, err := uuid.Parse(c.id)
+		if err != nil {
+			return usageError{fmt.Errorf("-id %q is not a UUID", c.id)}
+		}
+		ids = []uuid.UUID{id}
+	case c.reason != "":
+		f, err := c.filter()
+		if err != nil {
+			return err
+		}
+		letters, err := listLetters(ctx, c, f)
+		if err != nil {
+			return err
+		}
+		seen := map[uuid.UUID]bool{}
+		for _, l := range letters {
+			if l.OutboxID != uuid.Nil && !seen[l.OutboxID] {
+				seen[l.OutboxID] = true
+				ids = append(ids, l.OutboxID)
+			}
+		}
+	default:
+		return usageError{errors.New("give -id ID or -reason R")}
+	}
+	conn, err := pgx.Connect(ctx, c.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var results []outbox.ReplayResult
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var err error
+		results, err = outbox.Replay(ctx, tx, ids, c.dryRun)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	replayed, refused := 0, 0
+	verb := "replayed"
+	if c.dryRun {
+		verb = "would replay"
+	}
+	for _, r := range results {
+		switch {
+		case r.Replayed:
+			replayed++
+			fmt.Fprintf(out, "%s  %s (was %s; publish generation %d, same idempotency key)\n", r.ID, verb, r.Status, r.Gen)
+		case r.Status == "":
+			refused++
+			fmt.Fprintf(out, "%s  refused: no such row\n", r.ID)
+		case r.Status == outbox.StatusSent:
+			refused++
+			fmt.Fprintf(out, "%s  refused: already sent\n", r.ID)
+		default:
+			refused++
+			fmt.Fprintf(out, "%s  refused: still in flight (%s)\n", r.ID, r.Status)
+		}
+	}
+	fmt.Fprintf(out, "%d %s, %d refused\n", replayed, verb, refused)
+	if c.id != "" && refused > 0 {
+		return errors.New("the row was not replayed")
+	}
+	return nil
+}
+
+func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
+	id, err := uuid.Parse(arg)
+	if err != nil {
+		return usageError{fmt.Errorf("%q is not a UUID", arg)}
+	}
+	conn, err := pgx.Connect(ctx, c.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	row, err := outbox.GetRow(ctx, conn, id)
+	if err != nil {
+		return err
+	}
+	attempts, err := outbox.Attempts(ctx, conn, id)
+	if err != nil {
+		return err
+	}
+	seq := "-"
+	if row.StreamSeq != nil {
+		seq = fmt.Sprint(*row.StreamSeq)
+	}
+	fmt.Fprintf(out, "row %s\n  status        %s\n  to            %s\n  body          %d characters\n  attempts      %d of %d\n  publish gen   %d (stream seq %s)\n  provider ref  %s\n  last error    %s\n  created       %s\n  updated       %s\n  next attempt  %s\n",
+		row.ID, row.Status, row.ToMasked, row.BodyChars, row.Attempts, row.MaxAttempts, row.Gen, seq,
+		dash(row.ProviderRef), dash(row.LastError), ts(row.CreatedAt), ts(row.UpdatedAt), ts(row.NextAttemptAt))
+
+	fmt.Fprintf(out, "attempts (%d)\n", len(attempts))
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  #\tSTARTED\tOUTCOME\tHTTP\tCODE\tLATENCY\tSENDER\tERROR")
+	for _, a := range attempts {
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", a.Number, ts(a.StartedAt), a.Outcome, a.HTTPStatus, a.ProviderCode,
+			a.Latency.Round(time.Microsecond), dash(a.Sender), dash(a.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	letters, err := listLetters(ctx, c, deadletter.Filter{OutboxID: id, Since: row.CreatedAt.Add(-time.Minute)})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "dead letters (%d)\n", len(letters))
+	for _, l := range letters {
+		fmt.Fprintf(out, "  seq %d  %s  reason %s  attempts %d  code %d  gen %d  %s\n", l.Seq, ts(l.Time), l.Reason, l.Attempts, l.ProviderCode, l.Gen, l.Error)
+	}
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
