@@ -611,6 +611,7 @@ func heartbeatInterval(cfg jetstream.ConsumerConfig) time.Duration {
 // Backoff returns the full-jitter delay before the attempt after attempt
 // number attempt (counting from 1): U(0, min(cap, base*2^attempt)).
 func Backoff(attempt int, base, cap time.Duration) time.Duration {
+	attempt = max(attempt, 0) // a negative shift would panic
 	ceiling := cap
 	if attempt < 62 {
 		if d := base << attempt; d > 0 && d < cap {

@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+func (e *env) newReconciler(grace time.Duration) *relay.Reconciler {
+	e.t.Helper()
+	_, js := e.nats.Connect(e.t)
+	r, err := relay.NewReconciler(relay.ReconcilerConfig{
+		Pool: e.pool, JetStream: js, Interval: 100 * time.Millisecond, Grace: grace, Logger: e.logger(),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r
+}
+
+// updateConsumer changes the senders' consumer before the senders start.
+func (e *env) updateConsumer(mutate func(*jetstream.ConsumerConfig)) {
+	e.t.Helper()
+	ctx := context.Background()
+	c, err := e.js.Consumer(ctx, streams.Stream, streams.Consumer)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	mutate(&cfg)
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, streams.Stream, cfg); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// lose makes rows look as if the broker lost their message after the relay
+// queued them: queued, delivered long ago, and nothing in the stream.
+func (e *env) lose(ids []uuid.UUID) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET status = 'queued', stream_seq = 0,
+		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A message the broker lost: the reconciler republishes it under a new
+// generation (new Nats-Msg-Id, same Idempotency-Key) and it is sent once.
+func TestReconcilerRepublishesLostMessages(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	ids := e.insert(20)
+	e.lose(ids)
+	e.startSender(senderOptions{})
+	e.background("reconciler", e.newReconciler(time.Second).Run)
+	rows := e.waitTerminal(ids, time.Minute)
+	for _, id := range ids {
+		if rows[id].status != outbox.StatusSent {
+			t.Fatalf("row %s ended %s", id, rows[id].status)
+		}
+		var gen int
+		if err := e.pool.QueryRow(context.Background(), `SELECT publish_gen FROM sms_outbox WHERE id = $1`, id).Scan(&gen); err != nil || gen != 1 {
+			t.Fatalf("row %s publish_gen = %d, %v; want 1", id, gen, err)
+		}
+	}
+	e.checkOnce(ids, rows)
+}
+
+// A message that left the consumer at MaxDeliver without a dead letter (every
+// delivery found the row leased by an attempt that then died): the
+// reconciler republishes it, the stale lease is taken over with the same key,
+// and the provider replays its answer.
+func TestReconcilerRecoversMaxDeliverExit(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	e.updateConsumer(func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 2 })
+	ids := e.insert(1)
+	if err := e.deliverDirectly(ids[0]); err != nil { // the dead attempt reached the provider
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lease := 1500 * time.Millisecond
+	// The attempt that died holds a fresh lease while both deliveries come.
+	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sending', attempt_count = 1, updated_at = now() WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	data := wire.AppendEncode(nil, wire.Send{ID: ids[0]})
+	if _, err := e.js.Publish(ctx, streams.SubjectSend, data, jetstream.WithMsgID(ids[0].String())); err != nil {
+		t.Fatal(err)
+	}
+	// The attempt holding the lease stays alive (it keeps touching the row)
+	// until the message has left the consumer, then dies.
+	alive, stopAlive := context.WithCancel(ctx)
+	defer stopAlive()
+	go func() {
+		for alive.Err() == nil {
+			_, _ = e.pool.Exec(alive, `UPDATE sms_outbox SET updated_at = now() WHERE id = $1 AND status = 'sending'`, ids[0])
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
+	waitFor(t, 30*time.Second, "the message to leave the consumer", func() bool {
+		c, err := e.js.Consumer(ctx, streams.Stream, streams.Consumer)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= 1
+	})
+	stopAlive()
+	if r := e.row(ids[0]); r.status != outbox.StatusSending {
+		t.Fatalf("row = %+v, want still sending (stuck) before the reconciler", r)
+	}
+	e.background("reconciler", e.newReconciler(2*time.Second).Run)
+	rows := e.waitTerminal(ids, time.Minute)
+	if r := rows[ids[0]]; r.status != outbox.StatusSent || r.attempts != 2 {
+		t.Fatalf("row = %+v, want sent on attempt 2", r)
+	}
+	e.checkOnce(ids, rows)
+}
+
+// Stuck rows with no attempt left are finalised: queued ones dead
+// (max_attempts), sending ones unknown (their last attempt never reported),
+// each with its dead letter.
+func TestReconcilerFinalisesSpentRows(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	ids := e.insert(2)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', attempt_count = 8, stream_seq = 0,
+		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sending', attempt_count = 8,
+		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.newReconciler(time.Second).Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows := e.rows()
+	if rows[ids[0]].status != outbox.StatusDead || rows[ids[1]].status != outbox.StatusUnknown {
+		t.Fatalf("statuses %s and %s, want dead and unknown", rows[ids[0]].status, rows[ids[1]].status)
+	}
+	dls := e.deadLetters()
+	for id, reason := range map[uuid.UUID]string{ids[0]: wire.ReasonMaxAttempts, ids[1]: wire.ReasonAmbiguous} {
+		mine := deadLetterFor(dls, id)
+		if len(mine) != 1 || mine[0].Header.Get(wire.HeaderReason) != reason {
+			t.Errorf("row %s: dead letters %v, want one with reason %s", id, mine, reason)
+		}
+	}
+	if n := e.stub.Stats().Requests; n != 0 {
+		t.Fatalf("provider called %d times", n)
+	}
+}
+
+// Several reconcilers at once handle each stuck row once, and a row still
+// behind a backlog in the stream is left alone.
+func TestConcurrentReconcilersAndBacklog(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	ids := e.insert(60)
+	e.lose(ids[:50])
+	// The last 10 look old, but their publication is beyond what the
+	// consumer has delivered: they are waiting in a backlog, not lost.
+	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET status = 'queued', stream_seq = 1000000,
+		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids[50:]); err != nil {
+		t.Fatal(err)
+	}
+	recs := []*relay.Reconciler{e.newReconciler(time.Second), e.newReconciler(time.Second), e.newReconciler(time.Second)}
+	var wg sync.WaitGroup
+	for _, r := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n, err := r.Pass(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if n == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	stream := e.streamCounts()
+	for _, id := range ids[:50] {
+		if stream[id] != 1 {
+			t.Errorf("row %s republished %d times, want 1", id, stream[id])
+		}
+	}
+	for _, id := range ids[50:] {
+		if stream[id] != 0 {
+			t.Errorf("backlogged row %s republished", id)
+		}
+	}
+}
+
+// streamCounts counts the messages per row id in the SMS stream.
+func (e *env) streamCounts() map[uuid.UUID]int {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := e.js.Stream(ctx, streams.Stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[uuid.UUID]int{}
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if p, err := wire.Decode(m.Data); err == nil {
+			out[p.ID]++
+		}
+	}
+	return out
+}
