@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
 )
@@ -232,4 +234,46 @@ func (e *env) streamCounts() map[uuid.UUID]int {
 		}
 	}
 	return out
+}
+
+// An operator replay puts a dead row back through the pipeline with the same
+// idempotency key and a new publish generation: it is not deduplicated away,
+// and a second death gets its own dead letter.
+func TestReplayGoesThroughThePipelineWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{FailRate: 1, FailStatus: 400, FailCode: 21211}}})
+	e.startRelay(relay.Config{})
+	e.startSender(senderOptions{})
+	ids := e.insert(1)
+	e.waitTerminal(ids, 30*time.Second)
+	replay := func() {
+		t.Helper()
+		err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+			res, err := outbox.Replay(context.Background(), tx, ids, false)
+			if err == nil && (len(res) != 1 || !res[0].Replayed) {
+				t.Fatalf("replay = %+v", res)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Still failing: dead again, a second dead letter (generation 1).
+	replay()
+	waitFor(t, 30*time.Second, "the replayed row to die again", func() bool { return len(deadLetterFor(e.deadLetters(), ids[0])) == 2 })
+	e.waitTerminal(ids, 30*time.Second)
+	// The provider is fixed: the next replay is sent, under the same key.
+	if err := e.stub.SetFaults(smsstub.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	replay()
+	rows := e.waitTerminal(ids, 30*time.Second)
+	if r := rows[ids[0]]; r.status != outbox.StatusSent {
+		t.Fatalf("row = %+v, want sent", r)
+	}
+	d := e.stub.Deliveries()[ids[0].String()]
+	if d.Deliveries != 1 || d.Requests != 3 {
+		t.Fatalf("provider: %+v, want 3 requests under the row's key and 1 delivery", d)
+	}
 }

@@ -27,21 +27,32 @@ type ReplayResult struct {
 // keeps the history. Sent rows are refused, and so are rows still in flight.
 // With dryRun it reports what it would do and changes nothing.
 func Replay(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, dryRun bool) ([]ReplayResult, error) {
-	rows, _ := tx.Query(ctx, `SELECT w.id, o.status, o.publish_gen
-		FROM unnest($1::uuid[]) AS w(id) LEFT JOIN sms_outbox o USING (id)
-		ORDER BY w.id FOR UPDATE OF o`, ids)
+	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen FROM sms_outbox
+		WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
 	type cur struct {
 		id     uuid.UUID
 		status *string
 		gen    *int32
 	}
-	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cur, error) {
+	locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cur, error) {
 		var c cur
 		err := r.Scan(&c.id, &c.status, &c.gen)
 		return c, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: replay: %w", err)
+	}
+	byID := make(map[uuid.UUID]cur, len(locked))
+	for _, c := range locked {
+		byID[c.id] = c
+	}
+	found := make([]cur, 0, len(ids))
+	for _, id := range ids {
+		c, ok := byID[id]
+		if !ok {
+			c = cur{id: id}
+		}
+		found = append(found, c)
 	}
 	out := make([]ReplayResult, 0, len(found))
 	for _, c := range found {

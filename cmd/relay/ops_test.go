@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/deadletter"
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+type opsEnv struct {
+	pool *pgxpool.Pool
+	env  map[string]string
+	nats *natstest.Server
+}
+
+func setupOps(t *testing.T) *opsEnv {
+	t.Helper()
+	pool, url := pgtest.NewPool(t)
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t)
+	return &opsEnv{pool: pool, nats: srv, env: map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL()}}
+}
+
+func (o *opsEnv) run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut syncBuffer
+	code := run(context.Background(), append([]string{"relay"}, args...), envMap(o.env), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// kill makes a row dead with a dead letter, as a sender would.
+func (o *opsEnv) kill(t *testing.T, status outbox.State, reason string) uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	var id uuid.UUID
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = outbox.Enqueue(ctx, tx, "+15557654321", "the secret body")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET status = $2, attempt_count = 3, last_error = 'http 400: bad' WHERE id = $1`, id, string(status)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.pool.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
+		VALUES ($1, 1, now(), 12.5, 'permanent', 400, 21211, 'http 400: bad', 'test')`, id); err != nil {
+		t.Fatal(err)
+	}
+	_, js := o.nats.Connect(t)
+	err = deadletter.Publisher{JetStream: js}.Publish(ctx, deadletter.Letter{
+		OutboxID: id, Reason: reason, Error: "http 400: bad", Attempts: 3, ProviderCode: 21211,
+		Payload: wire.AppendEncode(nil, wire.Send{ID: id}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func TestDLQListFiltersByReason(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	perm := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	amb := o.kill(t, outbox.StatusUnknown, wire.ReasonAmbiguous)
+	code, out, errOut := o.run(t, "dlq", "list")
+	if code != 0 || !strings.Contains(out, perm.String()) || !strings.Contains(out, amb.String()) || !strings.Contains(out, "2 dead letters") {
+		t.Fatalf("list: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = o.run(t, "dlq", "list", "-reason", "ambiguous", "-since", "1h")
+	if code != 0 || strings.Contains(out, perm.String()) || !strings.Contains(out, amb.String()) {
+		t.Fatalf("filtered list: exit %d\n%s", code, out)
+	}
+	code, out, _ = o.run(t, "dlq", "list", "-since", time.Now().Add(time.Hour).Format(time.RFC3339))
+	if code != 0 || !strings.Contains(out, "0 dead letters") {
+		t.Fatalf("future since: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := o.run(t, "dlq", "list", "-reason", "bogus"); code != 2 || !strings.Contains(errOut, "-reason") {
+		t.Fatalf("bad reason: exit %d %s", code, errOut)
+	}
+}
+
+func TestDLQReplay(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	ctx := context.Background()
+	dead := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+
+	// Dry run: nothing changes.
+	code, out, errOut := o.run(t, "dlq", "replay", "-id", dead.String(), "-dry-run")
+	if code != 0 || !strings.Contains(out, "would replay") {
+		t.Fatalf("dry run: exit %d\n%s%s", code, out, errOut)
+	}
+	if st, _ := outbox.Status(ctx, o.pool, dead); st.Status != outbox.StatusDead {
+		t.Fatalf("dry run changed the row to %s", st.Status)
+	}
+
+	code, out, errOut = o.run(t, "dlq", "replay", "-id", dead.String())
+	if code != 0 || !strings.Contains(out, "1 replayed") {
+		t.Fatalf("replay: exit %d\n%s%s", code, out, errOut)
+	}
+	var status string
+	var gen, attempts int
+	if err := o.pool.QueryRow(ctx, `SELECT status, publish_gen, attempt_count FROM sms_outbox WHERE id = $1`, dead).Scan(&status, &gen, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if status != "pending" || gen != 1 || attempts != 0 {
+		t.Fatalf("after replay: status %s gen %d attempts %d; want pending, 1, 0", status, gen, attempts)
+	}
+
+	// A sent row is refused.
+	sent := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sent' WHERE id = $1`, sent); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = o.run(t, "dlq", "replay", "-id", sent.String())
+	if code == 0 || !strings.Contains(out, "refused: already sent") {
+		t.Fatalf("replay of a sent row: exit %d\n%s", code, out)
+	}
+
+	// By reason: the unknown row is replayed, the sent one refused, the
+	// already replayed one is in flight now.
+	unknown := o.kill(t, outbox.StatusUnknown, wire.ReasonAmbiguous)
+	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "ambiguous")
+	if code != 0 || !strings.Contains(out, unknown.String()+"  replayed") {
+		t.Fatalf("replay by reason: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = o.run(t, "dlq", "replay", "-reason", "permanent")
+	if code != 0 || !strings.Contains(out, "still in flight (pending)") || !strings.Contains(out, "already sent") {
+		t.Fatalf("replay by reason permanent: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := o.run(t, "dlq", "replay"); code != 2 || !strings.Contains(errOut, "-id") {
+		t.Fatalf("replay without a selector: exit %d %s", code, errOut)
+	}
+}
+
+func TestTraceShowsRowAttemptsAndLetters(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	id := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	code, out, errOut := o.run(t, "trace", id.String())
+	if code != 0 {
+		t.Fatalf("trace: exit %d %s", code, errOut)
+	}
+	for _, want := range []string{"status        dead", "+1********21", "15 characters", "attempts (1)", "permanent", "21211", "dead letters (1)", "reason permanent"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("trace lacks %q:\n%s", want, out)
+		}
+	}
+	for _, secret := range []string{"+15557654321", "the secret body"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("trace shows %q", secret)
+		}
+	}
+	if code, _, _ := o.run(t, "trace", uuid.NewString()); code != 1 {
+		t.Errorf("trace of a missing row: exit %d, want 1", code)
+	}
+	if code, _, _ := o.run(t, "trace", "not-a-uuid"); code != 2 {
+		t.Errorf("trace of a bad id: exit %d, want 2", code)
+	}
+}
