@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
@@ -24,12 +25,29 @@ import (
 
 // A send slower than the consumer's ack deadline keeps its message with
 // InProgress heartbeats: no redelivery, one request, the row sent.
+// With BackOff set, the server's ack deadline is BackOff[0], not AckWait,
+// and the heartbeats follow it.
 func TestSlowSendKeepsItsMessage(t *testing.T) {
 	t.Parallel()
+	t.Run("ack wait", func(t *testing.T) {
+		t.Parallel()
+		testSlowSend(t, func(c *jetstream.ConsumerConfig) { c.AckWait = time.Second })
+	})
+	t.Run("backoff", func(t *testing.T) {
+		t.Parallel()
+		testSlowSend(t, func(c *jetstream.ConsumerConfig) {
+			c.AckWait = time.Minute
+			c.BackOff = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
+		})
+	})
+}
+
+func testSlowSend(t *testing.T, consumer func(*jetstream.ConsumerConfig)) {
 	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{Latency: 2500 * time.Millisecond}}})
-	e.updateConsumer(func(c *jetstream.ConsumerConfig) { c.AckWait = time.Second })
+	e.updateConsumer(consumer)
 	e.startRelay(relay.Config{})
-	e.startSender(senderOptions{timeout: 10 * time.Second})
+	reg := prometheus.NewRegistry()
+	e.startSender(senderOptions{timeout: 10 * time.Second, cfg: sender.Config{Registerer: reg}})
 	ids := e.insert(3)
 	rows := e.waitTerminal(ids, time.Minute)
 	for _, id := range ids {
@@ -38,9 +56,31 @@ func TestSlowSendKeepsItsMessage(t *testing.T) {
 			t.Errorf("row = %+v, want sent on the first attempt", r)
 		}
 		if d := e.stub.Deliveries()[id.String()]; d.Requests != 1 {
-			t.Errorf("provider got %d requests for %s, want 1 (a redelivery would make more)", d.Requests, id)
+			t.Errorf("provider got %d requests for %s, want 1", d.Requests, id)
 		}
 	}
+	if n := counterValue(t, reg, "sendonce_sender_redeliveries_total"); n != 0 {
+		t.Fatalf("%v redeliveries: the heartbeats did not hold the messages", n)
+	}
+}
+
+func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			sum := 0.0
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+			return sum
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
 }
 
 // A connection reset after the provider accepted (toxiproxy reset_peer on

@@ -140,8 +140,12 @@ func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) 
 		return nil, fmt.Errorf("read dead letters: %w", err)
 	}
 	var out []Letter
+	seen := info.State.FirstSeq - 1
 	for {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		// Ask for no more than remain: a fetch returns as soon as it has
+		// its count, and waits out its MaxWait only when asked for more.
+		want := int(min(256, last-seen))
+		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("read dead letters: %w", err)
 		}
@@ -153,7 +157,7 @@ func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) 
 			if err != nil {
 				return nil, err
 			}
-			lastSeen = l.Seq
+			lastSeen, seen = l.Seq, l.Seq
 			if f.keep(l) {
 				out = append(out, l)
 			}
