@@ -217,6 +217,13 @@ func (c *Client) transportFailure(err error, wrote bool) Outcome {
 func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outcome {
 	status := resp.StatusCode
 	if readErr != nil {
+		if status >= 200 && status < 300 && !c.cfg.Idempotent {
+			// The status line already says the provider accepted. Without
+			// idempotency a retry could not recover the id anyway, and
+			// "unknown" would misreport a message that was sent.
+			return Outcome{Kind: Sent, HTTPStatus: status,
+				Reason: fmt.Sprintf("accepted; response body lost: %s", describe(readErr))}
+		}
 		o := c.transportFailure(readErr, true)
 		o.HTTPStatus = status
 		o.Reason = fmt.Sprintf("response body lost: %s", describe(readErr))
