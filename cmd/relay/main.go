@@ -53,6 +53,8 @@ type config struct {
 	reconcile     bool
 	reconcileInt  time.Duration
 	reconcileAge  time.Duration
+	retention     time.Duration
+	retentionInt  time.Duration
 }
 
 func bind(s *envflag.Set, c *config) {
@@ -71,6 +73,8 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown")
 	s.Bool(&c.reconcile, "reconcile", "RECONCILE", true, "run the reconciler, which republishes or finalises rows stuck in queued or sending")
 	s.Duration(&c.reconcileInt, "reconcile-interval", "RECONCILE_INTERVAL", 30*time.Second, 10*time.Millisecond, time.Hour, "time between reconciler passes")
+	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", 7*24*time.Hour, 0, 10*365*24*time.Hour, "keep finished rows (and their attempts) this long after their last change; 0 keeps them forever")
+	s.Duration(&c.retentionInt, "retention-interval", "RETENTION_INTERVAL", time.Minute, 10*time.Millisecond, 24*time.Hour, "time between retention purges")
 	s.Duration(&c.reconcileAge, "reconcile-grace", "RECONCILE_GRACE", 2*time.Minute, time.Millisecond, 24*time.Hour, "how long past its retry time a queued row, or past its last touch a sending row, waits before it counts as stuck; must exceed SENDER_LEASE plus the consumer's AckWait")
 }
 
@@ -224,19 +228,25 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 			return fmt.Errorf("RECONCILE_GRACE: %w", err)
 		}
 	}
-	log.Info("relay started", "batch_size", c.batchSize, "publish_window", c.publishWindow, "reconcile", c.reconcile)
+	runs := []func(context.Context) error{r.Run}
+	if rec != nil {
+		runs = append(runs, rec.Run)
+	}
+	if c.retention > 0 {
+		ret, err := relay.NewRetention(relay.RetentionConfig{
+			Pool: pool, Age: c.retention, Interval: c.retentionInt, DBTimeout: c.dbTimeout, Logger: log, Registerer: reg,
+		})
+		if err != nil {
+			return err
+		}
+		runs = append(runs, ret.Run)
+	}
+	reg.MustRegister(relay.NewDepthCollector(pool, log))
+	log.Info("relay started", "batch_size", c.batchSize, "publish_window", c.publishWindow,
+		"reconcile", c.reconcile, "retention", c.retention.String())
 
 	done := make(chan error, 1)
-	go func() {
-		recDone := make(chan error, 1)
-		if rec != nil {
-			go func() { recDone <- rec.Run(ctx) }()
-		} else {
-			recDone <- nil
-		}
-		err := r.Run(ctx)
-		done <- errors.Join(err, <-recDone)
-	}()
+	go func() { done <- runAll(ctx, runs) }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -254,4 +264,18 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	log.Info("relay stopped")
 	return nil
+}
+
+// runAll runs every fn until ctx is done and returns their errors joined,
+// after all have returned.
+func runAll(ctx context.Context, fns []func(context.Context) error) error {
+	errs := make(chan error, len(fns))
+	for _, fn := range fns {
+		go func() { errs <- fn(ctx) }()
+	}
+	var all []error
+	for range fns {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
 }

@@ -1,0 +1,79 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Purge deletes up to limit finished rows (sent, dead, unknown) whose last
+// change is older than age, with their attempts, and returns how many it
+// deleted. Rows another purger holds are skipped, so each call locks at most
+// limit rows for a few milliseconds.
+func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM sms_outbox WHERE id IN (
+		SELECT id FROM sms_outbox
+		WHERE status IN ('sent', 'dead', 'unknown') AND updated_at < now() - $1::interval
+		ORDER BY updated_at
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED)`, age, limit)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Depth is the outbox's work in progress, for monitoring.
+type Depth struct {
+	// Rows counts the unfinished rows by status (pending, queued, sending;
+	// each present). Finished rows are not counted: that would scan the
+	// whole table; the senders' counters give their rates.
+	Rows map[State]int64
+	// OldestPending is the age of the oldest pending row: the relay's lag.
+	OldestPending time.Duration
+	// OldestInFlight is the age of the least recently touched queued or
+	// sending row.
+	OldestInFlight time.Duration
+}
+
+// Measure reads the outbox's depth from the partial indexes on unfinished
+// rows, so its cost follows the work in progress, not the table.
+func Measure(ctx context.Context, q Querier) (Depth, error) {
+	d := Depth{Rows: map[State]int64{}}
+	for _, s := range []State{StatusPending, StatusQueued, StatusSending} {
+		d.Rows[s] = 0
+	}
+	rows, err := q.Query(ctx, `SELECT status, count(*) FROM sms_outbox
+		WHERE status IN ('pending', 'queued', 'sending') GROUP BY status`)
+	if err != nil {
+		return Depth{}, fmt.Errorf("outbox: count rows: %w", err)
+	}
+	for rows.Next() {
+		var s string
+		var n int64
+		if err := rows.Scan(&s, &n); err != nil {
+			rows.Close()
+			return Depth{}, fmt.Errorf("outbox: count rows: %w", err)
+		}
+		d.Rows[State(s)] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return Depth{}, fmt.Errorf("outbox: count rows: %w", err)
+	}
+	var pending, inflight *float64
+	err = q.QueryRow(ctx, `SELECT
+		(SELECT extract(epoch FROM now() - min(created_at)) FROM sms_outbox WHERE status = 'pending'),
+		(SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('queued', 'sending'))`).
+		Scan(&pending, &inflight)
+	if err != nil {
+		return Depth{}, fmt.Errorf("outbox: oldest rows: %w", err)
+	}
+	if pending != nil {
+		d.OldestPending = time.Duration(max(0, *pending) * float64(time.Second))
+	}
+	if inflight != nil {
+		d.OldestInFlight = time.Duration(max(0, *inflight) * float64(time.Second))
+	}
+	return d, nil
+}

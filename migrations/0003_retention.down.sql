@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS sms_outbox_finished_idx;
