@@ -356,3 +356,49 @@ func providerMessage(id uuid.UUID, to, body string) provider.Message {
 }
 
 func errf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+func newPool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// insertVia commits n rows with the test phones and bodies.
+func insertVia(t *testing.T, pool *pgxpool.Pool, n int) []uuid.UUID {
+	t.Helper()
+	e := &env{t: t, pool: pool}
+	return e.insert(n)
+}
+
+// waitAllTerminal waits until n rows exist and all are terminal, and
+// returns their statuses by id.
+func waitAllTerminal(t *testing.T, pool *pgxpool.Pool, n int, d time.Duration) map[string]outbox.State {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		rows, _ := pool.Query(context.Background(), `SELECT id::text, status FROM sms_outbox`)
+		out := map[string]outbox.State{}
+		var id, st string
+		_, err := pgx.ForEachRow(rows, []any{&id, &st}, func() error { out[id] = outbox.State(st); return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		open := 0
+		for _, s := range out {
+			if !s.Terminal() {
+				open++
+			}
+		}
+		if len(out) >= n && open == 0 {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rows not terminal after %s", open, len(out), d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

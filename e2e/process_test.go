@@ -1,0 +1,224 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/smsstub"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds relay, sender and smsstub once for the package.
+func binaries(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "sendonce-e2e-bin-")
+		if buildErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-race", "-o", binDir+"/", "../cmd/relay", "../cmd/sender", "../cmd/smsstub")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// process is a running binary with its stderr captured.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	logs *lockedBuffer
+	done chan error
+	out  chan string // stdout lines
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startProcess(t *testing.T, name string, env []string, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binaries(t), name), args...)
+	cmd.Env = append(os.Environ(), env...)
+	p := &process{name: name, cmd: cmd, logs: &lockedBuffer{}, done: make(chan error, 1), out: make(chan string, 16)}
+	cmd.Stderr = p.logs
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case p.out <- sc.Text():
+			default:
+			}
+		}
+	}()
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("%s logs:\n%s", name, p.logs.String())
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and returns the exit error and how long the exit took.
+func (p *process) stop(t *testing.T, bound time.Duration) (error, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err // for the cleanup
+		return err, time.Since(start)
+	case <-time.After(bound):
+		t.Fatalf("%s did not exit within %s of SIGTERM", p.name, bound)
+		return nil, 0
+	}
+}
+
+// SIGTERM to a sender with attempts in flight: it stops fetching, finishes
+// the attempts and their status writes, acks, and exits 0; no row is left
+// sending, and a second sender finishes the rest with one delivery each.
+// Every log line of every component is then scanned for numbers, bodies and
+// the API key.
+func TestGracefulShutdownAndLogScan(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	const apiKey = "process-test-key-51f0"
+	stub := startProcess(t, "smsstub", []string{"SMS_API_KEY=" + apiKey, "STUB_LOG_LEVEL=debug"},
+		"-addr", "127.0.0.1:0", "-latency", "300ms", "-fail-rate", "0.1", "-withhold-rate", "0.02")
+	var stubURL string
+	select {
+	case line := <-stub.out:
+		stubURL = strings.TrimPrefix(line, "smsstub listening on ")
+	case <-time.After(30 * time.Second):
+		t.Fatal("stub did not start")
+	}
+	env := []string{
+		"DATABASE_URL=" + url, "NATS_URL=" + srv.URL(), "HTTP_ADDR=127.0.0.1:0", "LOG_LEVEL=debug",
+		"SMS_API_BASE=" + stubURL, "SMS_API_KEY=" + apiKey, "SMS_API_TIMEOUT=1s", "RETRY_BASE=50ms", "RETRY_CAP=500ms",
+		"SENDER_CONCURRENCY=16", "SHUTDOWN_TIMEOUT=20s", "RELAY_POLL_INTERVAL=100ms",
+	}
+	relayProc := startProcess(t, "relay", env)
+	first := startProcess(t, "sender", env)
+
+	pool := newPool(t, url)
+	ids := make([]string, 0)
+	rows := insertVia(t, pool, 300)
+	for _, id := range rows {
+		ids = append(ids, id.String())
+	}
+	ctx := context.Background()
+	waitFor(t, 60*time.Second, "some rows sent and some in flight", func() bool {
+		var sent, sending int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status = 'sending') FROM sms_outbox`).Scan(&sent, &sending)
+		return sent >= 20 && sending > 0
+	})
+	err, took := first.stop(t, 30*time.Second)
+	if err != nil {
+		t.Fatalf("sender exit: %v (after %s)\n%s", err, took, first.logs.String())
+	}
+	var sending int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE status = 'sending'`).Scan(&sending)
+	if sending != 0 {
+		t.Fatalf("%d rows left sending after a graceful shutdown", sending)
+	}
+	t.Logf("sender drained and exited 0 in %s", took.Round(time.Millisecond))
+
+	second := startProcess(t, "sender", env)
+	final := waitAllTerminal(t, pool, len(rows), 2*time.Minute)
+	deliveries, err := smsstub.FetchDeliveries(ctx, stubURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if final[id] != outbox.StatusSent {
+			t.Errorf("row %s ended %s", id, final[id])
+		}
+		if n := deliveries[id].Deliveries; n != 1 {
+			t.Errorf("row %s delivered %d times", id, n)
+		}
+	}
+	for _, p := range []*process{second, relayProc, stub} {
+		if err, took := p.stop(t, 30*time.Second); err != nil {
+			t.Errorf("%s exit after %s: %v", p.name, took, err)
+		}
+	}
+
+	// I5: no number, body or key in any component's logs.
+	all := relayProc.logs.String() + first.logs.String() + second.logs.String() + stub.logs.String()
+	lines := strings.Count(all, "\n")
+	if lines < 100 {
+		t.Fatalf("only %d log lines captured; the scan would prove nothing", lines)
+	}
+	for i := range rows {
+		for _, secret := range []string{testPhone(i), testBody(i), testPhone(i)[1:]} {
+			if strings.Contains(all, secret) {
+				t.Fatalf("a log line contains %q", secret)
+			}
+		}
+	}
+	if strings.Contains(all, apiKey) {
+		t.Fatal("a log line contains the API key")
+	}
+	for _, component := range []string{`"component":"relay"`, `"component":"sender"`} {
+		if !strings.Contains(all, component) {
+			t.Errorf("no log line has %s", component)
+		}
+	}
+	t.Logf("scanned %d log lines from relay, 2 senders and the stub: no number, body or key", lines)
+}
