@@ -49,7 +49,7 @@ func runOps(ctx context.Context, cmd string, args []string, getenv func(string) 
 	}
 	var c opsConfig
 	s := envflag.New("relay "+strings.TrimSpace(cmd+" "+verb), getenv, stderr)
-	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "", "Postgres URL of the database holding sms_outbox")
+	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
 	s.Required(&c.databaseURL, "database-url")
 	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
 	fs := s.FlagSet()

@@ -61,7 +61,7 @@ type config struct {
 }
 
 func bind(s *envflag.Set, c *config) {
-	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "", "Postgres URL of the database holding sms_outbox")
+	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
 	s.Required(&c.databaseURL, "database-url")
 	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
 	s.URL(&c.natsURL, "nats-url", "nats", "tls", "ws", "wss")
