@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/wire"
 )
@@ -183,6 +184,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 	}
 
 	acked, seqs, pubErr := r.publish(ctx, rows)
+	crashpoint.Hit(crashpoint.RelayAfterPubAck)
 	if r.afterAcks != nil {
 		if err := r.afterAcks(); err != nil {
 			return 0, err

@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
@@ -427,6 +428,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 
 	switch out.Kind {
 	case provider.Sent:
+		crashpoint.Hit(crashpoint.SenderAfterAccept)
 		record("sent", out, "")
 		res.row.Status, res.row.ProviderRef = outbox.StatusSent, out.Ref
 		res.action = ack
