@@ -66,3 +66,15 @@ func (p *Proxy) Remove(name string) {
 
 // URL returns "http://" + Addr().
 func (p *Proxy) URL() string { return fmt.Sprintf("http://%s", p.Addr()) }
+
+// Disable closes every connection through the proxy and refuses new ones: a
+// partition. Enable heals it.
+func (p *Proxy) Disable() { p.proxy.Stop() }
+
+// Enable starts accepting connections again after Disable.
+func (p *Proxy) Enable() {
+	p.t.Helper()
+	if err := p.proxy.Start(); err != nil {
+		p.t.Fatalf("toxictest: re-enable proxy: %v", err)
+	}
+}
