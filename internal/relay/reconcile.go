@@ -85,6 +85,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 			Help: "Stuck rows the reconciler handled, by action (republished, dead, unknown).",
 		}, []string{"action"}),
 	}
+	for _, a := range []string{"republished", "dead", "unknown"} {
+		r.actions.WithLabelValues(a) // series exist from the start at 0
+	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(r.actions); err != nil {
 			return nil, fmt.Errorf("reconciler: register metrics: %w", err)

@@ -49,6 +49,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Deliveries backed off because another attempt held the row or it awaited its retry time.",
 		}),
 	}
+	// Every series exists from the start at 0, so that rate() and
+	// increase() see the first event of a kind.
+	for _, o := range []string{"sent", "retry", "permanent", "ambiguous", "max_attempts", "invalid"} {
+		m.outcomes.WithLabelValues(o)
+	}
+	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
+		m.deadLetters.WithLabelValues(r)
+	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased} {
 			if err := reg.Register(c); err != nil {
