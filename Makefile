@@ -1,15 +1,23 @@
 # sendonce: make demo runs the pipeline end to end; make test runs the suite.
 GO      ?= go
 BIN     := bin
-CMDS    := relay sender smsstub demo
+CMDS    := relay sender smsstub demo soak bench
 
-.PHONY: build demo test vet clean
+.PHONY: build demo soak bench test vet clean
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 demo: build
 	./$(BIN)/demo
+
+# soak: rows through 2 relays and 3 senders under random faults; SOAK_ROWS
+# (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it.
+soak: build
+	./$(BIN)/soak $(SOAK_ARGS)
+
+bench: build
+	./$(BIN)/bench
 
 test:
 	$(GO) test -race -count=1 -timeout 30m ./...

@@ -40,7 +40,8 @@ func main() {
 
 type config struct {
 	databaseURL   string
-	natsURL       string
+	nats          natsconn.Config
+	ensureTopo    bool
 	httpAddr      string
 	logFormat     string
 	logLevel      string
@@ -60,8 +61,8 @@ type config struct {
 func bind(s *envflag.Set, c *config) {
 	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
 	s.Required(&c.databaseURL, "database-url")
-	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
-	s.URL(&c.natsURL, "nats-url", "nats", "tls", "ws", "wss")
+	natsconn.Bind(s, &c.nats)
+	s.Bool(&c.ensureTopo, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up; false only checks they exist (for credentials without those permissions)")
 	s.String(&c.httpAddr, "http-addr", "HTTP_ADDR", ":9101", "address for /metrics, /healthz and /readyz; empty disables")
 	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
@@ -169,10 +170,7 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	nc, js, err := natsconn.Connect(natsconn.Config{
-		URL: c.natsURL, Name: "sendonce-relay", PublishWindow: c.publishWindow,
-		ConnectTimeout: 10 * time.Second, Logger: log,
-	})
+	nc, js, err := natsconn.Connect(withConn(c.nats, "sendonce-relay", c.publishWindow, log))
 	if err != nil {
 		return err
 	}
@@ -181,8 +179,12 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := topo.Ensure(startCtx, js); err != nil {
-		return err
+	if c.ensureTopo {
+		if err := topo.Ensure(startCtx, js); err != nil {
+			return err
+		}
+	} else if err := topo.Check(startCtx, js); err != nil {
+		return fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)
 	}
 
 	reg := telemetry.NewRegistry()
@@ -278,4 +280,10 @@ func runAll(ctx context.Context, fns []func(context.Context) error) error {
 		all = append(all, <-errs)
 	}
 	return errors.Join(all...)
+}
+
+// withConn completes the bound NATS settings for this process.
+func withConn(c natsconn.Config, name string, publishWindow int, log *slog.Logger) natsconn.Config {
+	c.Name, c.PublishWindow, c.ConnectTimeout, c.Logger = name, publishWindow, 10*time.Second, log
+	return c
 }

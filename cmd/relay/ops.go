@@ -29,9 +29,10 @@ T is an RFC 3339 time or a duration back from now (24h). R is permanent,
 max_attempts, ambiguous or invalid.`
 
 type opsConfig struct {
-	databaseURL, natsURL string
-	reason, since, id    string
-	dryRun               bool
+	databaseURL       string
+	nats              natsconn.Config
+	reason, since, id string
+	dryRun            bool
 }
 
 func runOps(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -51,7 +52,7 @@ func runOps(ctx context.Context, cmd string, args []string, getenv func(string) 
 	s := envflag.New("relay "+strings.TrimSpace(cmd+" "+verb), getenv, stderr)
 	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
 	s.Required(&c.databaseURL, "database-url")
-	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
+	natsconn.Bind(s, &c.nats)
 	fs := s.FlagSet()
 	if cmd == "dlq" {
 		fs.StringVar(&c.reason, "reason", "", "only dead letters with this reason")
@@ -116,7 +117,7 @@ func (c opsConfig) filter() (deadletter.Filter, error) {
 }
 
 func listLetters(ctx context.Context, c opsConfig, f deadletter.Filter) ([]deadletter.Letter, error) {
-	nc, js, err := natsconn.Connect(natsconn.Config{URL: c.natsURL, Name: "sendonce-relay-ops", ConnectTimeout: 10 * time.Second})
+	nc, js, err := natsconn.Connect(withConn(c.nats, "sendonce-relay-ops", 0, nil))
 	if err != nil {
 		return nil, err
 	}

@@ -38,7 +38,8 @@ func main() {
 
 type config struct {
 	databaseURL    string
-	natsURL        string
+	nats           natsconn.Config
+	ensureTopo     bool
 	httpAddr       string
 	logFormat      string
 	logLevel       string
@@ -63,8 +64,8 @@ type config struct {
 func bind(s *envflag.Set, c *config) {
 	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
 	s.Required(&c.databaseURL, "database-url")
-	s.String(&c.natsURL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL")
-	s.URL(&c.natsURL, "nats-url", "nats", "tls", "ws", "wss")
+	natsconn.Bind(s, &c.nats)
+	s.Bool(&c.ensureTopo, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up; false only checks they exist (for credentials without those permissions)")
 	s.String(&c.httpAddr, "http-addr", "HTTP_ADDR", ":9102", "address for /metrics, /healthz and /readyz; empty disables")
 	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
@@ -184,9 +185,7 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	nc, js, err := natsconn.Connect(natsconn.Config{
-		URL: c.natsURL, Name: "sendonce-sender", ConnectTimeout: 10 * time.Second, Logger: log,
-	})
+	nc, js, err := natsconn.Connect(withConn(c.nats, "sendonce-sender", 0, log))
 	if err != nil {
 		return err
 	}
@@ -195,8 +194,12 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := topo.Ensure(startCtx, js); err != nil {
-		return err
+	if c.ensureTopo {
+		if err := topo.Ensure(startCtx, js); err != nil {
+			return err
+		}
+	} else if err := topo.Check(startCtx, js); err != nil {
+		return fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)
 	}
 
 	reg := telemetry.NewRegistry()
@@ -250,4 +253,10 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	log.Info("sender stopped")
 	return nil
+}
+
+// withConn completes the bound NATS settings for this process.
+func withConn(c natsconn.Config, name string, publishWindow int, log *slog.Logger) natsconn.Config {
+	c.Name, c.PublishWindow, c.ConnectTimeout, c.Logger = name, publishWindow, 10*time.Second, log
+	return c
 }

@@ -3,12 +3,18 @@
 package natsconn
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/envflag"
 )
 
 // Config says how to connect.
@@ -23,6 +29,76 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// Logger receives connection events.
 	Logger *slog.Logger
+
+	// Auth and TLS. Set at most one of User/Password, Token, NKeySeedFile
+	// and CredsFile.
+	User, Password string
+	Token          string
+	// NKeySeedFile is a file holding an nkey seed (NATS_NKEY).
+	NKeySeedFile string
+	// CredsFile is a JWT creds file (NATS_CREDS).
+	CredsFile string
+	// CAFile verifies the server's certificate; CertFile and KeyFile are
+	// the client certificate for mutual TLS.
+	CAFile, CertFile, KeyFile string
+}
+
+// Bind binds the NATS settings to s: NATS_URL, NATS_USER, NATS_PASSWORD
+// (or NATS_PASSWORD_FILE), NATS_TOKEN (or NATS_TOKEN_FILE), NATS_NKEY,
+// NATS_CREDS, NATS_CA, NATS_CERT, NATS_KEY, each with a flag.
+func Bind(s *envflag.Set, c *Config) {
+	s.String(&c.URL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL (comma-separated for a cluster)")
+	s.URL(&c.URL, "nats-url", "nats", "tls", "ws", "wss")
+	s.String(&c.User, "nats-user", "NATS_USER", "", "NATS user name")
+	s.Secret(&c.Password, "nats-password", "NATS_PASSWORD", "NATS password")
+	s.Secret(&c.Token, "nats-token", "NATS_TOKEN", "NATS token")
+	s.String(&c.NKeySeedFile, "nats-nkey", "NATS_NKEY", "", "file holding an nkey seed")
+	s.String(&c.CredsFile, "nats-creds", "NATS_CREDS", "", "NATS creds file (JWT and nkey seed)")
+	s.String(&c.CAFile, "nats-ca", "NATS_CA", "", "CA certificate file to verify the NATS server")
+	s.String(&c.CertFile, "nats-cert", "NATS_CERT", "", "client certificate file for mutual TLS")
+	s.String(&c.KeyFile, "nats-key", "NATS_KEY", "", "client key file for mutual TLS")
+	s.Check(c.validate)
+}
+
+func (c *Config) validate() error {
+	n := 0
+	for _, set := range []bool{c.User != "" || c.Password != "", c.Token != "", c.NKeySeedFile != "", c.CredsFile != ""} {
+		if set {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return errors.New("NATS_USER/NATS_PASSWORD, NATS_TOKEN, NATS_NKEY and NATS_CREDS are exclusive: set one")
+	case (c.User == "") != (c.Password == ""):
+		return errors.New("NATS_USER and NATS_PASSWORD go together")
+	case (c.CertFile == "") != (c.KeyFile == ""):
+		return errors.New("NATS_CERT and NATS_KEY go together")
+	}
+	for env, f := range map[string]string{"NATS_NKEY": c.NKeySeedFile, "NATS_CREDS": c.CredsFile, "NATS_CA": c.CAFile, "NATS_CERT": c.CertFile, "NATS_KEY": c.KeyFile} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("%s: %v", env, err)
+		}
+	}
+	return nil
+}
+
+// authHint names the settings to check after an authorization failure.
+func (c *Config) authHint() string {
+	switch {
+	case c.User != "":
+		return "NATS_USER/NATS_PASSWORD"
+	case c.Token != "":
+		return "NATS_TOKEN"
+	case c.NKeySeedFile != "":
+		return "NATS_NKEY"
+	case c.CredsFile != "":
+		return "NATS_CREDS"
+	}
+	return "NATS_USER/NATS_PASSWORD, NATS_TOKEN, NATS_NKEY or NATS_CREDS (none is set)"
 }
 
 // Connect connects and returns the connection and its JetStream context. The
@@ -52,8 +128,36 @@ func Connect(cfg Config) (*nats.Conn, jetstream.JetStream, error) {
 			log.Warn("nats async error", "err", err)
 		}),
 	}
+	switch {
+	case cfg.User != "":
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	case cfg.Token != "":
+		opts = append(opts, nats.Token(cfg.Token))
+	case cfg.NKeySeedFile != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeedFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("NATS_NKEY: %w", err)
+		}
+		opts = append(opts, o)
+	case cfg.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.CAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.CAFile))
+	}
+	if cfg.CertFile != "" {
+		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+	}
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+			return nil, nil, fmt.Errorf("connect to NATS_URL: authorization failed: check %s: %w", cfg.authHint(), err)
+		}
+		var certErr *tls.CertificateVerificationError
+		var unknownAuth x509.UnknownAuthorityError
+		if errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.Is(err, nats.ErrSecureConnRequired) || errors.Is(err, nats.ErrSecureConnWanted) {
+			return nil, nil, fmt.Errorf("connect to NATS_URL: TLS failed: check NATS_CA, NATS_CERT, NATS_KEY: %w", err)
+		}
 		return nil, nil, fmt.Errorf("connect to NATS_URL: %w", err)
 	}
 	jsOpts := []jetstream.JetStreamOpt{}

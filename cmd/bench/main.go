@@ -1,0 +1,199 @@
+// Command bench measures sendonce on real parts and compares each figure
+// with its target: a local Postgres database of its own, an embedded NATS
+// server with JetStream (or NATS_URL), the provider stub, and the relay and
+// sender binaries run as separate processes, as in production.
+//
+//	bench [flags]              run the scenarios, print one table, write bench.json
+//	bench -only relay,latency  run some of them
+//	bench -quick               a small version for CI (seconds, not minutes)
+//
+// Scenarios:
+//
+//	relay     a backlog of pending rows (written with COPY before the relay
+//	          starts) drained to queued by one relay: rows/s
+//	pipeline  a backlog drained from pending to sent by 1 relay, 2 senders
+//	          and the stub without latency: msg/s
+//	latency   committed single-row inserts at a fixed rate (outbox.Enqueue,
+//	          8 writers): commit->queued and commit->sent p50/p95/p99
+//	scaleout  a queued backlog sent by 1 sender, then by 4, against the stub
+//	          with 50 ms latency: the throughput ratio
+//	memory    the relay's and senders' peak RSS (VmHWM) under those loads
+//
+// The embedded NATS server runs in a child process (this binary, re-executed
+// as "bench nats-server"), so that its CPU time is counted apart from the
+// bench's own work (writers, subscription, polling). Every scenario gets a
+// fresh server and store, a fresh stub, fresh relay and sender processes and
+// an emptied outbox table. Settings of the relay and sender found in the
+// environment (RELAY_BATCH_SIZE, SENDER_CONCURRENCY, ...) reach the
+// processes, so a tuning can be measured without a rebuild; the bench sets
+// only what it must (DATABASE_URL, NATS_URL, HTTP_ADDR, SMS_API_*, and
+// SENDER_CONCURRENCY from -concurrency).
+//
+// Progress goes to stderr; the table to stdout. The process exits 1 when a
+// scenario could not run or a message was delivered twice, and with -strict
+// also when a figure misses its target.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/envflag"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// scenarioNames lists the scenarios in the order they run.
+var scenarioNames = []string{"relay", "pipeline", "latency", "scaleout", "memory"}
+
+type config struct {
+	databaseURL  string
+	natsURL      string
+	binDir       string
+	out          string
+	only         string
+	quick        bool
+	strict       bool
+	keepLogs     bool
+	relayRows    int
+	pipeRows     int
+	senders      int
+	concurrency  int
+	rate         int
+	writers      int
+	duration     time.Duration
+	warmup       time.Duration
+	scaleRows    int
+	scaleSenders int
+	scaleLatency time.Duration
+	timeout      time.Duration
+
+	selected map[string]bool
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 1 && args[1] == "nats-server" {
+		return runNATSServer(ctx, args[2:], stdout, stderr)
+	}
+	var c config
+	s := envflag.New("bench", getenv, stderr)
+	s.String(&c.databaseURL, "database-url", "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_bench?sslmode=disable",
+		"Postgres database of the bench, created if missing; its name must contain \"bench\" (its tables are emptied)")
+	s.String(&c.natsURL, "nats-url", "NATS_URL", "", "NATS server to use instead of a fresh embedded one per scenario; its SMS and SMS_DLQ streams are deleted before each scenario")
+	s.String(&c.binDir, "bin", "BENCH_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
+	s.String(&c.out, "out", "BENCH_OUT", "bench.json", "file the results are written to as JSON; empty writes none")
+	s.String(&c.only, "only", "BENCH_ONLY", "", "comma-separated scenarios to run ("+strings.Join(scenarioNames, ", ")+"); empty runs all")
+	s.Bool(&c.quick, "quick", "BENCH_QUICK", false, "a small version of every scenario (for CI): sizes and durations divided by about 10 unless set explicitly")
+	s.Bool(&c.strict, "strict", "BENCH_STRICT", false, "exit 1 when a figure misses its target")
+	s.Bool(&c.keepLogs, "keep-logs", "BENCH_KEEP_LOGS", false, "keep the processes' log directory")
+	s.Int(&c.relayRows, "rows", "BENCH_ROWS", 50_000, 1, 10_000_000, "relay: pending rows to drain")
+	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline: pending rows to send")
+	s.Int(&c.senders, "senders", "BENCH_SENDERS", 2, 1, 32, "pipeline and latency: sender processes")
+	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight per sender")
+	s.Int(&c.rate, "rate", "BENCH_RATE", 1000, 1, 100_000, "latency: committed inserts per second")
+	s.Int(&c.writers, "writers", "BENCH_WRITERS", 8, 1, 256, "latency: writer goroutines, one single-row transaction at a time each")
+	s.Duration(&c.duration, "duration", "BENCH_DURATION", 15*time.Second, 100*time.Millisecond, time.Hour, "latency: how long to write")
+	s.Duration(&c.warmup, "warmup", "BENCH_WARMUP", time.Second, 0, time.Hour, "latency: rows committed this early are left out of the percentiles")
+	s.Int(&c.scaleRows, "scale-rows", "BENCH_SCALE_ROWS", 4000, 1, 10_000_000, "scaleout: queued rows per sender process")
+	s.Int(&c.scaleSenders, "scale-senders", "BENCH_SCALE_SENDERS", 4, 2, 32, "scaleout: sender processes compared with one")
+	s.Duration(&c.scaleLatency, "scale-latency", "BENCH_SCALE_LATENCY", 50*time.Millisecond, 0, time.Minute, "scaleout: provider stub latency")
+	s.Duration(&c.timeout, "timeout", "BENCH_TIMEOUT", 3*time.Minute, time.Second, 24*time.Hour, "give up on a scenario that has not finished by then")
+	s.Check(func() error {
+		sel, err := parseOnly(c.only)
+		c.selected = sel
+		return err
+	})
+	if err := s.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "bench: configuration: %v\n", err)
+		return 2
+	}
+	if c.quick {
+		applyQuick(&c, s.FlagSet(), getenv)
+	}
+	b := &bench{cfg: c, progress: stderr}
+	rep, err := b.run(ctx)
+	b.cleanup(err != nil)
+	if rep != nil {
+		printTable(stdout, rep)
+		if c.out != "" {
+			if werr := writeJSON(c.out, rep); werr != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", werr)
+				err = errors.Join(err, werr)
+			} else {
+				fmt.Fprintf(stderr, "bench: results written to %s\n", c.out)
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		if b.logDir != "" {
+			fmt.Fprintf(stderr, "bench: process logs are in %s\n", b.logDir)
+		}
+		return 1
+	}
+	if c.strict && rep != nil && rep.missed() > 0 {
+		fmt.Fprintf(stderr, "bench: %d figures missed their target\n", rep.missed())
+		return 1
+	}
+	return 0
+}
+
+// parseOnly turns the -only list into a set; empty selects every scenario.
+// Memory alone selects the relay and pipeline loads to measure it under.
+func parseOnly(only string) (map[string]bool, error) {
+	sel := map[string]bool{}
+	for _, f := range strings.Split(only, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !slices.Contains(scenarioNames, f) {
+			return nil, fmt.Errorf("-only / BENCH_ONLY: unknown scenario %q (want %s)", f, strings.Join(scenarioNames, ", "))
+		}
+		sel[f] = true
+	}
+	if len(sel) == 0 {
+		for _, n := range scenarioNames {
+			sel[n] = true
+		}
+	}
+	if len(sel) == 1 && sel["memory"] {
+		sel["relay"], sel["pipeline"] = true, true
+	}
+	return sel, nil
+}
+
+// applyQuick shrinks every size and duration not set by a flag or its
+// environment variable.
+func applyQuick(c *config, fs *flag.FlagSet, getenv func(string) string) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	shrink := func(name, env string, apply func()) {
+		if !set[name] && getenv(env) == "" {
+			apply()
+		}
+	}
+	shrink("rows", "BENCH_ROWS", func() { c.relayRows = 5000 })
+	shrink("pipeline-rows", "BENCH_PIPELINE_ROWS", func() { c.pipeRows = 2000 })
+	shrink("duration", "BENCH_DURATION", func() { c.duration = 3 * time.Second })
+	shrink("warmup", "BENCH_WARMUP", func() { c.warmup = 500 * time.Millisecond })
+	shrink("scale-rows", "BENCH_SCALE_ROWS", func() { c.scaleRows = 600 })
+	shrink("timeout", "BENCH_TIMEOUT", func() { c.timeout = time.Minute })
+}

@@ -1,0 +1,498 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+)
+
+// relayDrain: a backlog of pending rows, written before the relay starts,
+// drained to queued by one relay process.
+//
+// The figure is exact without polling: every row of a batch gets the
+// batch transaction's now() as updated_at, and one relay runs its batches
+// one after the other, so between the first batch's start (min) and the
+// last batch's start (max) exactly the rows of all but the last batch were
+// claimed, published, acknowledged and committed.
+func (b *bench) relayDrain(ctx context.Context, rep *report) error {
+	n := b.cfg.relayRows
+	e, err := b.newEnv(ctx, "relay", -1)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	t := time.Now()
+	if err := b.copyRows(ctx, n, "pending"); err != nil {
+		return err
+	}
+	b.logf("[relay] %d pending rows written with COPY in %s; starting the relay", n, since(t))
+	sc, err := e.subscribe(false)
+	if err != nil {
+		return err
+	}
+	pg0, cpu0 := b.samplePG(ctx), b.sampleCPU()
+	started, err := e.startRelay(ctx)
+	if err != nil {
+		return err
+	}
+	show, ticks := throttle(500*time.Millisecond), 0
+	err = b.waitUntil(ctx, 50*time.Millisecond, func() (bool, error) {
+		pub := sc.n.Load()
+		if show() {
+			b.logf("[relay] %5.1fs  published %d of %d", time.Since(started).Seconds(), pub, n)
+		}
+		// The subscription says when the end is near; the database says
+		// when the last batch committed (a claimed row reads pending until
+		// then). Every second the database is asked anyway.
+		ticks++
+		if pub < int64(n) && ticks%20 != 0 {
+			return false, nil
+		}
+		pending, err := b.countStatus(ctx, "pending")
+		return pending == 0, err
+	})
+	if err != nil {
+		return err
+	}
+	done := time.Now()
+	cpu := b.sampleCPU().since(cpu0)
+	mem := b.memories()
+	pg := b.endPG(ctx, "relay", pg0, n)
+
+	var queued, lastBatch, batches int
+	var first, last time.Time
+	err = b.pool.QueryRow(ctx, `SELECT count(*), min(updated_at), max(updated_at), count(DISTINCT updated_at),
+			count(*) FILTER (WHERE updated_at = (SELECT max(updated_at) FROM sms_outbox WHERE status = 'queued'))
+		FROM sms_outbox WHERE status = 'queued'`).Scan(&queued, &first, &last, &batches, &lastBatch)
+	if err != nil {
+		return fmt.Errorf("read queued rows: %w", err)
+	}
+	if queued != n {
+		return fmt.Errorf("%d of %d rows queued", queued, n)
+	}
+	wall := done.Sub(started)
+	rate := float64(n) / wall.Seconds()
+	method := "wall clock from start-up (one batch only)"
+	if span := last.Sub(first); batches > 1 && span > 0 {
+		rate = float64(n-lastBatch) / span.Seconds()
+		method = "(rows - last batch) / (last batch start - first batch start)"
+	}
+	b.logf("[relay] %d rows queued: %.0f rows/s over %d batches; %s from start-up to all queued (polled)", n, rate, batches, wall.Round(time.Millisecond))
+	b.logf("[relay] cpu: %s", cpu)
+	rep.addTarget("relay", "drain pending->queued, 1 relay", rate, "rows/s", ">=", 30_000)
+	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: "relay", Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
+		"rows_per_second": rate, "method": method, "batches": batches,
+		"mean_batch_ms":           msPer(last.Sub(first), batches-1),
+		"startup_to_all_queued_s": wall.Seconds(), "rows_per_second_incl_startup": float64(n) / wall.Seconds(),
+	}})
+	return nil
+}
+
+// pipeline: a backlog of pending rows sent by one relay, the senders and the
+// stub without latency. The clock starts at the relay's start-up record (the
+// senders are already waiting) and stops at the last status write.
+func (b *bench) pipeline(ctx context.Context, rep *report) error {
+	n := b.cfg.pipeRows
+	e, err := b.newEnv(ctx, "pipeline", 0)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	t := time.Now()
+	if err := b.copyRows(ctx, n, "pending"); err != nil {
+		return err
+	}
+	b.logf("[pipeline] %d pending rows written in %s; starting %d senders, then the relay", n, since(t), b.cfg.senders)
+	if _, err := e.startSenders(ctx, b.cfg.senders); err != nil {
+		return err
+	}
+	pg0, cpu0 := b.samplePG(ctx), b.sampleCPU()
+	started, err := e.startRelay(ctx)
+	if err != nil {
+		return err
+	}
+	if err := b.waitSent(ctx, e, "pipeline", n, started); err != nil {
+		return err
+	}
+	cpu := b.sampleCPU().since(cpu0)
+	mem := b.memories()
+	stats, err := e.stubStats(ctx)
+	if err != nil {
+		return err
+	}
+	pg := b.endPG(ctx, "pipeline", pg0, n)
+
+	var lastSent time.Time
+	var attempts int
+	err = b.pool.QueryRow(ctx, `SELECT max(updated_at), sum(attempt_count) FROM sms_outbox WHERE status = 'sent'`).Scan(&lastSent, &attempts)
+	if err != nil {
+		return fmt.Errorf("read sent rows: %w", err)
+	}
+	if err := checkOnce(stats.Deliveries, stats.Keys, n); err != nil {
+		return err
+	}
+	span := lastSent.Sub(started)
+	rate := float64(n) / span.Seconds()
+	b.logf("[pipeline] %d messages sent in %s: %.0f msg/s; %d attempts, %d provider requests", n, span.Round(time.Millisecond), rate, attempts, stats.Requests)
+	b.logf("[pipeline] cpu: %s", cpu)
+	rep.addTarget("pipeline", fmt.Sprintf("drain pending->sent, 1 relay + %d senders", b.cfg.senders), rate, "msg/s", ">=", 5000)
+	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: "pipeline", Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
+		"messages_per_second": rate, "relay_start_to_last_sent_s": span.Seconds(), "attempts": attempts,
+		"provider_requests": stats.Requests, "senders": b.cfg.senders, "sender_concurrency": b.cfg.concurrency,
+	}})
+	return nil
+}
+
+// waitSent waits until the stub has delivered n messages and the database
+// shows n rows sent, printing progress.
+func (b *bench) waitSent(ctx context.Context, e *env, tag string, n int, from time.Time) error {
+	show := throttle(time.Second)
+	return b.waitUntil(ctx, 100*time.Millisecond, func() (bool, error) {
+		st, err := e.stubStats(ctx)
+		if err != nil {
+			return false, err
+		}
+		if show() {
+			b.logf("[%s] %5.1fs  delivered %d of %d", tag, time.Since(from).Seconds(), st.Deliveries, n)
+		}
+		if st.Deliveries < int64(n) {
+			return false, nil
+		}
+		sent, err := b.countStatus(ctx, "sent")
+		return sent >= n, err
+	})
+}
+
+// checkOnce fails when the stub delivered some key more than once, or not
+// every one of n.
+func checkOnce(deliveries, keys int64, n int) error {
+	if deliveries > keys {
+		return fmt.Errorf("duplicate deliveries: %d deliveries for %d keys", deliveries, keys)
+	}
+	if keys != int64(n) {
+		return fmt.Errorf("%d keys delivered, want %d", keys, n)
+	}
+	return nil
+}
+
+// commitRecord is one committed insert of the latency scenario.
+type commitRecord struct {
+	id       uuid.UUID
+	due, at  time.Time
+	inWarmup bool
+}
+
+// latency: single-row transactions committed at a fixed rate by several
+// writers through outbox.Enqueue, with one relay and the senders running.
+// Commit time is taken when COMMIT returns; queued time is the arrival of
+// the row's publication at a plain subscription on sms.send (JetStream
+// stored it: the relay's PubAck comes at the same moment); sent time is the
+// updated_at of the sent row (the status write's transaction start, a few
+// ms before its commit). All three clocks are this host's.
+func (b *bench) latency(ctx context.Context, rep *report) error {
+	c := b.cfg
+	e, err := b.newEnv(ctx, "latency", 0)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	sc, err := e.subscribe(true)
+	if err != nil {
+		return err
+	}
+	if _, err := e.startSenders(ctx, c.senders); err != nil {
+		return err
+	}
+	if _, err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	total := int(float64(c.rate) * c.duration.Seconds())
+	if total < 1 {
+		return errors.New("-rate times -duration is below one message")
+	}
+	b.logf("[latency] writing %d messages at %d/s for %s with %d writers (one row per transaction)", total, c.rate, c.duration, c.writers)
+
+	pg0, cpu0 := b.samplePG(ctx), b.sampleCPU()
+	begin := time.Now()
+	records := make([][]commitRecord, c.writers)
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var writeErr error
+	var committed atomic.Int64
+	wctx, cancelWriters := context.WithCancel(ctx)
+	defer cancelWriters()
+	for w := range c.writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := b.writeAtRate(wctx, w, total, begin, &records[w], &committed)
+			if err != nil {
+				errOnce.Do(func() { writeErr = err; cancelWriters() })
+			}
+		}()
+	}
+	progressDone := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-progressDone:
+				return
+			case <-t.C:
+				b.logf("[latency] %5.1fs  committed %d, published %d", time.Since(begin).Seconds(), committed.Load(), sc.n.Load())
+			}
+		}
+	}()
+	wg.Wait()
+	close(progressDone)
+	if writeErr != nil {
+		return writeErr
+	}
+	writeEnd := time.Now()
+	cpu := b.sampleCPU().since(cpu0)
+	if err := b.waitSent(ctx, e, "latency", total, begin); err != nil {
+		return err
+	}
+	mem := b.memories()
+	stats, err := e.stubStats(ctx)
+	if err != nil {
+		return err
+	}
+	pg := b.endPG(ctx, "latency", pg0, total)
+	if err := checkOnce(stats.Deliveries, stats.Keys, total); err != nil {
+		return err
+	}
+
+	sentAt := make(map[uuid.UUID]time.Time, total)
+	rows, _ := b.pool.Query(ctx, `SELECT id, updated_at FROM sms_outbox WHERE status = 'sent'`)
+	var id uuid.UUID
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { sentAt[id] = at; return nil }); err != nil {
+		return fmt.Errorf("read sent times: %w", err)
+	}
+	sc.sub.Unsubscribe() //nolint:errcheck // the connection closes next
+	sc.mu.Lock()
+	queuedAt := sc.first
+	sc.mu.Unlock()
+
+	var toQueued, toSent, lag []time.Duration
+	seconds := int(c.duration/time.Second) + 1
+	sentBySecond := make([][]time.Duration, seconds)
+	missing := 0
+	for _, rs := range records {
+		for _, r := range rs {
+			lag = append(lag, r.at.Sub(r.due))
+			q, okQ := queuedAt[r.id]
+			s, okS := sentAt[r.id]
+			if !okQ || !okS {
+				missing++
+				continue
+			}
+			if sec := int(r.due.Sub(begin) / time.Second); sec < seconds {
+				sentBySecond[sec] = append(sentBySecond[sec], s.Sub(r.at))
+			}
+			if r.inWarmup {
+				continue
+			}
+			toQueued = append(toQueued, q.Sub(r.at))
+			toSent = append(toSent, s.Sub(r.at))
+		}
+	}
+	// The p99 of each second of writing shows a backlog building up (or a
+	// slow start) where one percentile over the run cannot.
+	var p99BySecond []float64
+	for _, ds := range sentBySecond {
+		p99BySecond = append(p99BySecond, summarize(ds).P99)
+	}
+	if missing > 0 {
+		return fmt.Errorf("%d rows have no publication or no sent time", missing)
+	}
+	q, s, l := summarize(toQueued), summarize(toSent), summarize(lag)
+	achieved := float64(total) / writeEnd.Sub(begin).Seconds()
+	b.logf("[latency] %d messages, %.0f commits/s achieved; commit->queued p50 %.1f p95 %.1f p99 %.1f ms; commit->sent p50 %.1f p95 %.1f p99 %.1f ms",
+		total, achieved, q.P50, q.P95, q.P99, s.P50, s.P95, s.P99)
+	b.logf("[latency] cpu: %s", cpu)
+	tag := fmt.Sprintf(" @%d/s", c.rate)
+	rep.add("latency", "commit->queued p50"+tag, q.P50, "ms")
+	rep.add("latency", "commit->queued p95"+tag, q.P95, "ms")
+	rep.addTarget("latency", "commit->queued p99"+tag, q.P99, "ms", "<=", 50)
+	rep.add("latency", "commit->sent p50"+tag, s.P50, "ms")
+	rep.add("latency", "commit->sent p95"+tag, s.P95, "ms")
+	rep.addTarget("latency", "commit->sent p99"+tag, s.P99, "ms", "<=", 150)
+	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: "latency", Rows: total, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
+		"commit_to_queued": q, "commit_to_sent": s, "commits_per_second": achieved,
+		"writer_lateness": l, "writers": c.writers, "commit_to_sent_p99_ms_by_second": p99BySecond, "warmup_excluded": c.warmup.String(),
+		"queued_time": "arrival of the publication at a core NATS subscription on sms.send",
+		"sent_time":   "updated_at of the sent row (start of the status-write transaction)",
+	}})
+	return nil
+}
+
+// writeAtRate commits writer w's share of total single-row transactions,
+// the i-th due at begin + i/rate, and records each commit.
+func (b *bench) writeAtRate(ctx context.Context, w, total int, begin time.Time, out *[]commitRecord, committed *atomic.Int64) error {
+	c := b.cfg
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for i := w; i < total; i += c.writers {
+		due := begin.Add(time.Duration(float64(i) * float64(time.Second) / float64(c.rate)))
+		if d := time.Until(due); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-timer.C:
+			}
+		}
+		to := fmt.Sprintf("+1555%07d", i%10_000_000)
+		body := fmt.Sprintf("Your sendonce bench code is %06d. It expires in 10 minutes.", i%1_000_000)
+		var id uuid.UUID
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			id, err = outbox.Enqueue(ctx, tx, to, body)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("writer %d: %w", w, err)
+		}
+		*out = append(*out, commitRecord{id: id, due: due, at: time.Now(), inWarmup: due.Sub(begin) < c.warmup})
+		committed.Add(1)
+	}
+	return nil
+}
+
+// scaleOut: a backlog already queued in JetStream, sent by one sender and
+// then, on fresh parts, by scaleSenders senders, against the stub with
+// latency. Throughput is counted in the steady window: from 200 ms after the
+// last sender started to the time 95 % of the rows were sent, so start-up
+// and the tail do not count.
+func (b *bench) scaleOut(ctx context.Context, rep *report) error {
+	one, err := b.scaleLeg(ctx, rep, 1)
+	if err != nil {
+		return err
+	}
+	many, err := b.scaleLeg(ctx, rep, b.cfg.scaleSenders)
+	if err != nil {
+		return err
+	}
+	ratio := many / one
+	b.logf("[scaleout] %d senders: %.2fx one sender", b.cfg.scaleSenders, ratio)
+	lat := fmt.Sprintf("stub %s", b.cfg.scaleLatency)
+	rep.add("scaleout", fmt.Sprintf("1 sender, %s", lat), one, "msg/s")
+	rep.add("scaleout", fmt.Sprintf("%d senders, %s", b.cfg.scaleSenders, lat), many, "msg/s")
+	rep.addTarget("scaleout", fmt.Sprintf("%d senders vs 1", b.cfg.scaleSenders), ratio, "x", ">=", 3.5)
+	return nil
+}
+
+func (b *bench) scaleLeg(ctx context.Context, rep *report, senders int) (float64, error) {
+	name := fmt.Sprintf("scaleout-%d", senders)
+	tag := "[" + name + "]"
+	n := b.cfg.scaleRows * senders
+	e, err := b.newEnv(ctx, name, b.cfg.scaleLatency)
+	if err != nil {
+		return 0, err
+	}
+	defer e.close()
+	if err := b.copyRows(ctx, n, "pending"); err != nil {
+		return 0, err
+	}
+	sc, err := e.subscribe(false)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := e.startRelay(ctx); err != nil {
+		return 0, err
+	}
+	err = b.waitUntil(ctx, 50*time.Millisecond, func() (bool, error) {
+		if sc.n.Load() < int64(n) {
+			return false, nil
+		}
+		pending, err := b.countStatus(ctx, "pending")
+		return pending == 0, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("queue the backlog: %w", err)
+	}
+	b.logf("%s %d rows queued in JetStream; starting %d senders (concurrency %d, stub latency %s)", tag, n, senders, b.cfg.concurrency, b.cfg.scaleLatency)
+	pg0, cpu0 := b.samplePG(ctx), b.sampleCPU()
+	lastStarted, err := e.startSenders(ctx, senders)
+	if err != nil {
+		return 0, err
+	}
+	if err := b.waitSent(ctx, e, name, n, lastStarted); err != nil {
+		return 0, err
+	}
+	cpu := b.sampleCPU().since(cpu0)
+	mem := b.memories()
+	stats, err := e.stubStats(ctx)
+	if err != nil {
+		return 0, err
+	}
+	pg := b.endPG(ctx, name, pg0, n)
+	if err := checkOnce(stats.Deliveries, stats.Keys, n); err != nil {
+		return 0, err
+	}
+
+	var sent []time.Time
+	rows, _ := b.pool.Query(ctx, `SELECT updated_at FROM sms_outbox WHERE status = 'sent' ORDER BY updated_at`)
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&at}, func() error { sent = append(sent, at); return nil }); err != nil {
+		return 0, fmt.Errorf("read sent times: %w", err)
+	}
+	var firstAttempt time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT min(started_at) FROM sms_attempts`).Scan(&firstAttempt); err != nil {
+		return 0, fmt.Errorf("read first attempt: %w", err)
+	}
+	rate, method := steadyRate(sent, lastStarted.Add(200*time.Millisecond), firstAttempt)
+	ideal := float64(senders*b.cfg.concurrency) / b.cfg.scaleLatency.Seconds()
+	b.logf("%s %.0f msg/s (%s); the stub latency allows %.0f", tag, rate, method, ideal)
+	b.logf("%s cpu: %s", tag, cpu)
+	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: name, Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
+		"messages_per_second": rate, "method": method, "senders": senders, "sender_concurrency": b.cfg.concurrency,
+		"stub_latency": b.cfg.scaleLatency.String(), "latency_bound_messages_per_second": ideal,
+		"provider_requests": stats.Requests,
+	}})
+	return rate, nil
+}
+
+// steadyRate returns the rate of the sorted send times between from and the
+// time 95 % of them were sent; when that window is too short it falls back
+// to all rows over the whole span since first.
+func steadyRate(sorted []time.Time, from, first time.Time) (float64, string) {
+	if len(sorted) == 0 {
+		return 0, "no rows"
+	}
+	to := sorted[min(len(sorted)-1, len(sorted)*95/100)]
+	if to.Sub(from) >= 500*time.Millisecond {
+		lo, _ := slices.BinarySearchFunc(sorted, from, func(t, x time.Time) int { return t.Compare(x) })
+		hi, _ := slices.BinarySearchFunc(sorted, to, func(t, x time.Time) int { return t.Compare(x) })
+		if hi > lo {
+			return float64(hi-lo) / to.Sub(from).Seconds(), "steady window: 200ms after the last sender started to 95% sent"
+		}
+	}
+	span := sorted[len(sorted)-1].Sub(first)
+	if span <= 0 {
+		return 0, "no span"
+	}
+	return float64(len(sorted)) / span.Seconds(), "all rows from the first attempt to the last status write"
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
+
+func msPer(d time.Duration, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return float64(d) / float64(time.Millisecond) / float64(n)
+}

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sendonce/sendonce/internal/smsstub"
+)
+
+// statusCounts counts the rows by status.
+func (s *soak) statusCounts(ctx context.Context) (map[string]int, error) {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rows, _ := s.pool.Query(qctx, `SELECT status, count(*) FROM sms_outbox GROUP BY status`)
+	counts := map[string]int{}
+	var st string
+	var n int
+	_, err := pgx.ForEachRow(rows, []any{&st, &n}, func() error { counts[st] = n; return nil })
+	return counts, err
+}
+
+func terminal(counts map[string]int) int { return counts["sent"] + counts["dead"] + counts["unknown"] }
+
+// progress prints a line to stderr every 2 seconds until progressStop.
+func (s *soak) progress(ctx context.Context) {
+	defer close(s.progressDone)
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.progressStop:
+			return
+		case <-tick.C:
+		}
+		counts, err := s.statusCounts(ctx)
+		if err != nil {
+			s.logf("progress: %v", err)
+			continue
+		}
+		up := 0
+		for _, sl := range s.slots() {
+			if sl.running() {
+				up++
+			}
+		}
+		inserted := 0
+		if s.load != nil {
+			inserted = s.load.committed()
+		}
+		s.logf("inserted %d/%d | pending %d queued %d sending %d sent %d dead %d unknown %d | faults %d | processes up %d/5, unexpected exits %d",
+			inserted, s.cfg.rows, counts["pending"], counts["queued"], counts["sending"], counts["sent"], counts["dead"], counts["unknown"],
+			s.faults.total(), up, s.unexpected.Load())
+	}
+}
+
+// waitTerminal waits until every committed row is terminal or timeout has
+// passed; rows still not terminal then are counted as lost by check.
+func (s *soak) waitTerminal(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	want := s.load.committed()
+	for {
+		counts, err := s.statusCounts(ctx)
+		if err == nil && terminal(counts) >= want {
+			return nil
+		}
+		if err != nil {
+			s.logf("wait: %v", err)
+		}
+		if time.Now().After(deadline) {
+			s.logf("DEADLINE: %d of %d rows not terminal after %s", want-terminal(counts), want, timeout)
+			return nil
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return err
+		}
+	}
+}
+
+// badRow is a row that breaks an invariant.
+type badRow struct {
+	id         uuid.UUID
+	status     string
+	attempts   int
+	deliveries int
+	why        string
+}
+
+// result is what the end of the soak found.
+type result struct {
+	rows               int
+	faults             string
+	sent, dead, unkn   int
+	dups               []badRow // keys delivered more than once
+	lost               []badRow // rows not terminal, missing, or sent without a delivery
+	foreign            []string // stub keys that are no row id
+	extraRows          int      // rows in the table the writers did not commit
+	refMismatch        []badRow // sent rows whose provider_ref is not the stub's id
+	deliveredNotSent   int      // dead or unknown rows the provider did deliver
+	deadReasons        map[string]int
+	stats              smsstub.Stats
+	unexpected, unterm int64
+	cpMissed           int64
+}
+
+func (r *result) failed() bool { return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 }
+
+// line is the soak's one-line verdict.
+func (r *result) line(wall time.Duration) string {
+	return fmt.Sprintf("soak: rows %d; faults %s; sent %d, dead %d, unknown %d; duplicates %d; lost %d; wall %s",
+		r.rows, r.faults, r.sent, r.dead, r.unkn, len(r.dups), len(r.lost), wall.Round(time.Second))
+}
+
+// check compares every committed row with the stub's deliveries.
+func (s *soak) check(ctx context.Context) (*result, error) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	deliveries, err := smsstub.FetchDeliveries(cctx, s.stub.url)
+	if err != nil {
+		return nil, err
+	}
+	stats, err := smsstub.FetchStats(cctx, s.stub.url)
+	if err != nil {
+		return nil, err
+	}
+	type dbRow struct {
+		status, ref, lastErr string
+		attempts             int
+	}
+	table := map[uuid.UUID]dbRow{}
+	rows, _ := s.pool.Query(cctx, `SELECT id, status, coalesce(provider_ref, ''), coalesce(last_error, ''), attempt_count FROM sms_outbox`)
+	var id uuid.UUID
+	var r dbRow
+	if _, err := pgx.ForEachRow(rows, []any{&id, &r.status, &r.ref, &r.lastErr, &r.attempts}, func() error {
+		table[id] = r
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read rows: %w", err)
+	}
+
+	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{},
+		unexpected: s.unexpected.Load(), unterm: s.termUnclean.Load(), cpMissed: s.cpMissed.Load()}
+	ids := s.load.committedIDs()
+	res.rows = len(ids)
+	ours := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		ours[id.String()] = true
+		row, ok := table[id]
+		d := deliveries[id.String()]
+		b := badRow{id: id, status: row.status, attempts: row.attempts, deliveries: d.Deliveries}
+		if d.Deliveries > 1 {
+			b.why = "delivered more than once"
+			res.dups = append(res.dups, b)
+		}
+		switch {
+		case !ok:
+			b.status, b.why = "missing", "committed row is gone"
+			res.lost = append(res.lost, b)
+		case row.status == "sent":
+			res.sent++
+			if d.Deliveries == 0 {
+				b.why = "sent but never delivered"
+				res.lost = append(res.lost, b)
+			} else if row.ref != d.ProviderID {
+				b.why = fmt.Sprintf("provider_ref %q, stub id %q", row.ref, d.ProviderID)
+				res.refMismatch = append(res.refMismatch, b)
+			}
+		case row.status == "dead" || row.status == "unknown":
+			if row.status == "dead" {
+				res.dead++
+				res.deadReasons[reasonOf(row.lastErr)]++
+			} else {
+				res.unkn++
+			}
+			if d.Deliveries > 0 {
+				res.deliveredNotSent++
+			}
+		default:
+			b.why = "not terminal at the deadline"
+			res.lost = append(res.lost, b)
+		}
+	}
+	for key := range deliveries {
+		if !ours[key] {
+			res.foreign = append(res.foreign, key)
+		}
+	}
+	sort.Strings(res.foreign)
+	for id := range table {
+		if !ours[id.String()] {
+			res.extraRows++
+		}
+	}
+	s.logf("provider: %d requests, %d deliveries, %d replays, %d withheld, %d injected failures, %d rate-limited, %d conflicts",
+		stats.Requests, stats.Deliveries, stats.Replays, stats.Withheld, stats.Failures, stats.RateLimited, stats.Conflicts)
+	s.logf("processes: %d unexpected exits, %d unclean SIGTERM exits, %d crash points armed but not reached",
+		res.unexpected, res.unterm, res.cpMissed)
+	if res.dead > 0 {
+		s.logf("dead rows by last error: %s", formatReasons(res.deadReasons))
+	}
+	if res.deliveredNotSent > 0 {
+		s.logf("note: %d dead or unknown rows were delivered by the provider (an accepted attempt whose answer was lost, then attempts ran out)", res.deliveredNotSent)
+	}
+	if res.extraRows > 0 {
+		s.logf("note: %d rows in the table were not committed by the writers as far as they know", res.extraRows)
+	}
+	if len(res.refMismatch) > 0 {
+		s.logf("WARNING: %d sent rows carry a provider_ref that is not the stub's id for the key, e.g. %s: %s",
+			len(res.refMismatch), res.refMismatch[0].id, res.refMismatch[0].why)
+	}
+	return res, nil
+}
+
+// reasonOf shortens a last_error to its leading words, digits removed, for
+// grouping.
+func reasonOf(lastErr string) string {
+	s := strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return '#'
+		}
+		return r
+	}, lastErr)
+	if len(s) > 80 {
+		s = s[:80]
+	}
+	if s == "" {
+		s = "(none)"
+	}
+	return s
+}
+
+func formatReasons(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d × %q", m[k], k))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// diagnose prints the offending rows and the trace of a few of them.
+func (s *soak) diagnose(ctx context.Context, res *result) {
+	bad := append(append([]badRow{}, res.dups...), res.lost...)
+	for i, b := range bad {
+		if i == 20 {
+			s.logf("... and %d more", len(bad)-20)
+			break
+		}
+		s.logf("BAD ROW %s: %s (status %s, attempts %d, deliveries at the stub %d)", b.id, b.why, b.status, b.attempts, b.deliveries)
+	}
+	for i, k := range res.foreign {
+		if i == 20 {
+			s.logf("... and %d more", len(res.foreign)-20)
+			break
+		}
+		s.logf("FOREIGN KEY at the stub: %q is no row id", k)
+	}
+	for i, b := range bad {
+		if i == 5 {
+			break
+		}
+		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		cmd := exec.CommandContext(tctx, filepath.Join(s.cfg.binDir, "relay"), "trace", b.id.String())
+		cmd.Env = append(childEnviron(), "DATABASE_URL="+s.directURL, "NATS_URL="+s.broker.url(), "LOG_FORMAT=text")
+		out, err := cmd.CombinedOutput()
+		cancel()
+		path := filepath.Join(s.logDir, "trace-"+b.id.String()+".txt")
+		_ = os.WriteFile(path, out, 0o644)
+		s.logf("relay trace %s (err %v; saved in %s):\n%s", b.id, err, path, out)
+	}
+}

@@ -1,0 +1,142 @@
+// Command soak proves the pipeline under faults: it pushes many rows through
+// two relays and three senders, running as subprocesses of the real
+// binaries, while it injects faults at random, and checks that no message was
+// delivered twice (I1) and none was lost (I2).
+//
+// Set-up: the database is dropped, recreated and migrated with
+// "relay migrate"; an embedded NATS server with JetStream runs on a port
+// fixed at start and a store in a temporary directory (so it can be stopped
+// and restarted in place); the provider stub runs as a subprocess. Senders
+// reach the stub, and relays and senders reach Postgres, through in-process
+// toxiproxies, so the soak can reset and cut those connections.
+//
+// Load: a few writer goroutines enqueue the rows with outbox.Enqueue, 50 per
+// transaction, spread over the load phase. Meanwhile one fault at a time,
+// drawn at random from ten kinds (SIGKILL of a sender or a relay, a crash
+// point, SIGTERM of a sender, a broker restart, lost responses, a 5xx
+// burst, a 429 storm, connection resets on the provider path, a cut of the
+// database connections), is injected every few seconds.
+//
+// End: every fault is restored, every process made to run, and the soak waits
+// for every row to reach a terminal status. It then compares the rows with
+// the stub's deliveries per idempotency key and prints one line to stdout:
+//
+//	soak: rows 5000; faults 21 (sender_kill 2, ...); sent 5000, dead 0, unknown 0; duplicates 0; lost 0; wall 2m3s
+//
+// Progress and fault events go to stderr. Exit status: 0 when no row was
+// delivered twice and none was lost, 1 otherwise or when the soak could not
+// run, 2 for a bad flag.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/envflag"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// config is the parsed command line.
+type config struct {
+	rows          int
+	seed          int
+	binDir        string
+	databaseURL   string
+	faultInterval time.Duration
+	loadDuration  time.Duration
+	drainTimeout  time.Duration
+	writers       int
+	keepLogs      bool
+	holdOnFailure bool
+	holdMax       time.Duration
+}
+
+// maxRows bounds -rows: phone numbers are +1555 and 7 digits of the row index.
+const maxRows = 1_000_000
+
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	var c config
+	s := envflag.New("soak", getenv, stderr)
+	s.Int(&c.rows, "rows", "SOAK_ROWS", 100_000, 1, maxRows, "rows to push through the pipeline")
+	s.Int(&c.seed, "seed", "SOAK_SEED", 0, 0, math.MaxInt, "seed of the fault schedule; 0 picks one (printed at start)")
+	s.String(&c.binDir, "bin", "SOAK_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
+	s.String(&c.databaseURL, "database-url", "SOAK_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_soak?sslmode=disable",
+		"Postgres database for the soak: DROPPED and recreated at start (its name must contain \"soak\")")
+	s.URL(&c.databaseURL, "database-url", "postgres", "postgresql")
+	s.Duration(&c.faultInterval, "fault-interval", "SOAK_FAULT_INTERVAL", 3*time.Second, 30*time.Millisecond, time.Hour,
+		"longest pause between two faults; each pause is drawn from [interval/3, interval]")
+	s.Duration(&c.loadDuration, "load-duration", "SOAK_LOAD_DURATION", 0, 0, 24*time.Hour,
+		"spread the inserts (and the faults) over this long; 0: max(60s, rows/250 per second)")
+	s.Duration(&c.drainTimeout, "drain-timeout", "SOAK_DRAIN_TIMEOUT", 10*time.Minute, 10*time.Second, 24*time.Hour,
+		"after the load and the faults, how long every row may take to finish before the rest count as lost")
+	s.Int(&c.writers, "writers", "SOAK_WRITERS", 4, 1, 64, "writer goroutines enqueueing rows")
+	s.Bool(&c.keepLogs, "keep-logs", "SOAK_KEEP_LOGS", false, "keep the log directory after a successful run (it is always kept after a failure)")
+	s.Bool(&c.holdOnFailure, "hold-on-failure", "SOAK_HOLD_ON_FAILURE", false,
+		"on a duplicate or a loss, keep NATS, the stub and the processes running (print how to reach them) until SIGINT or -hold-max")
+	s.Duration(&c.holdMax, "hold-max", "SOAK_HOLD_MAX", time.Hour, time.Second, 24*time.Hour, "longest hold with -hold-on-failure")
+	s.Check(func() error {
+		u, err := url.Parse(c.databaseURL)
+		if err != nil {
+			return err
+		}
+		if name := strings.TrimPrefix(u.Path, "/"); !strings.Contains(name, "soak") {
+			return fmt.Errorf("-database-url / SOAK_DATABASE_URL: database %q is dropped at start, so its name must contain \"soak\"", name)
+		}
+		return nil
+	})
+	err := s.Parse(args)
+	if err == nil && c.loadDuration == 0 {
+		c.loadDuration = autoLoadDuration(c.rows)
+	}
+	return c, err
+}
+
+// autoLoadDuration spreads rows at 250 per second, over at least a minute.
+func autoLoadDuration(rows int) time.Duration {
+	return max(time.Minute, time.Duration(rows)*time.Second/250)
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	c, err := parseConfig(args[1:], getenv, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "soak: configuration: %v\n", err)
+		return 2
+	}
+	if c.seed == 0 {
+		c.seed = int(rand.Int64N(math.MaxInt32)) + 1
+	}
+	s := newSoak(c, stdout, stderr)
+	failed, err := s.run(ctx)
+	if err != nil {
+		s.logf("error: %v", err)
+		failed = true
+	}
+	if failed && c.holdOnFailure && ctx.Err() == nil {
+		s.hold(ctx)
+	}
+	s.cleanup(failed)
+	if failed {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfig(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	c, err := parseConfig([]string{"-rows", "5000", "-seed", "7"}, getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.rows != 5000 || c.seed != 7 || c.loadDuration != time.Minute || c.binDir != "bin" {
+		t.Fatalf("got %+v", c)
+	}
+	env["SOAK_ROWS"] = "100000"
+	if c, err = parseConfig(nil, getenv, io.Discard); err != nil || c.rows != 100000 || c.loadDuration != 400*time.Second {
+		t.Fatalf("SOAK_ROWS: %+v, %v", c, err)
+	}
+	_, err = parseConfig([]string{"-database-url", "postgres://postgres@127.0.0.1:5432/app?sslmode=disable"}, getenv, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "soak") {
+		t.Fatalf("a database without soak in its name must be refused, got %v", err)
+	}
+}
+
+func TestLine(t *testing.T) {
+	var f faultCounts
+	f.add("sender_kill")
+	f.add("db_cut")
+	f.add("db_cut")
+	r := &result{rows: 10, faults: f.summary(), sent: 9, dead: 1, dups: []badRow{{}}}
+	got := r.line(9*time.Minute + 12*time.Second + 300*time.Millisecond)
+	want := "soak: rows 10; faults 3 (sender_kill 1, relay_kill 0, crashpoint 0, sender_term 0, broker_restart 0, lost_responses 0, burst_5xx 0, storm_429 0, provider_reset 0, db_cut 2); sent 9, dead 1, unknown 0; duplicates 1; lost 0; wall 9m12s"
+	if got != want {
+		t.Fatalf("line:\n got %s\nwant %s", got, want)
+	}
+	if !r.failed() {
+		t.Fatal("a duplicate must fail the soak")
+	}
+}
+
+func TestStartWatcherFindsSplitMarker(t *testing.T) {
+	var out bytes.Buffer
+	started := make(chan struct{})
+	w := &startWatcher{w: &out, marker: []byte(`"msg":"relay started"`), started: started}
+	for _, chunk := range []string{`{"level":"INFO","msg":"rel`, `ay sta`, `rted","batch_size":500}` + "\n"} {
+		if _, err := w.Write([]byte(chunk)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-started:
+	default:
+		t.Fatal("marker split over three writes not found")
+	}
+	if !strings.Contains(out.String(), "relay started") {
+		t.Fatal("output not passed through")
+	}
+}
+
+func TestLineCatcher(t *testing.T) {
+	first := make(chan string, 1)
+	lc := &lineCatcher{w: io.Discard, first: first}
+	_, _ = lc.Write([]byte("smsstub listening on http://127."))
+	_, _ = lc.Write([]byte("0.0.1:9090\nmore\n"))
+	if got := <-first; got != "smsstub listening on http://127.0.0.1:9090" {
+		t.Fatalf("first line %q", got)
+	}
+}
+
+func TestHelpers(t *testing.T) {
+	if got, _ := hostPort("postgres://postgres@127.0.0.1/x", "5432"); got != "127.0.0.1:5432" {
+		t.Fatalf("hostPort: %s", got)
+	}
+	if got := clock(61*time.Second + 600*time.Millisecond); got != "1:02" {
+		t.Fatalf("clock: %s", got)
+	}
+	if phone(42) != "+15550000042" || body(42) != "soak message 42" {
+		t.Fatal("row content")
+	}
+	if got := reasonOf("attempts exhausted (8 of 8)"); got != "attempts exhausted (# of #)" {
+		t.Fatalf("reasonOf: %s", got)
+	}
+}

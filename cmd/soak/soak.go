@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/smsstub"
+)
+
+// soak is one run: its infrastructure, processes, load and faults.
+type soak struct {
+	cfg    config
+	stdout io.Writer
+	stderr io.Writer
+	rng    *rand.Rand // the fault schedule's; used by the fault loop only
+	start  time.Time
+
+	outMu   sync.Mutex // serialises stderr lines
+	logFile *os.File   // soak.log in logDir: a copy of the stderr lines
+
+	logDir     string
+	directURL  string // the database, reached directly (set-up, writers, checks)
+	proxiedURL string // the database through dbProxy (relays, senders)
+	pool       *pgxpool.Pool
+	broker     *broker
+	dbProxy    *tcpProxy
+	apiProxy   *tcpProxy
+	stub       *stubProc
+	apiKey     string
+	relays     []*slot
+	senders    []*slot
+
+	load   *loader
+	faults faultCounts
+
+	unexpected   atomic.Int64 // processes that exited without being told to
+	termUnclean  atomic.Int64 // SIGTERMed processes that did not exit 0
+	cpMissed     atomic.Int64 // crash points armed but not reached in time
+	watchdogStop chan struct{}
+	watchdogDone chan struct{}
+	progressStop chan struct{}
+	progressDone chan struct{}
+}
+
+func newSoak(c config, stdout, stderr io.Writer) *soak {
+	seed := uint64(c.seed)
+	return &soak{
+		cfg: c, stdout: stdout, stderr: stderr,
+		rng:   rand.New(rand.NewPCG(seed, seed^0x5eed0ce)),
+		start: time.Now(),
+	}
+}
+
+// logf writes one line to stderr, prefixed with the time since the start.
+func (s *soak) logf(format string, args ...any) {
+	s.outMu.Lock()
+	defer s.outMu.Unlock()
+	line := fmt.Sprintf("soak %s: %s\n", clock(time.Since(s.start)), fmt.Sprintf(format, args...))
+	_, _ = io.WriteString(s.stderr, line)
+	if s.logFile != nil {
+		_, _ = io.WriteString(s.logFile, line)
+	}
+}
+
+// clock formats d as m:ss.
+func clock(d time.Duration) string {
+	d = d.Round(time.Second)
+	return fmt.Sprintf("%d:%02d", int(d/time.Minute), int(d%time.Minute/time.Second))
+}
+
+func (s *soak) slots() []*slot {
+	return append(append([]*slot{}, s.relays...), s.senders...)
+}
+
+// run sets everything up, runs the load and the faults, waits for the rows
+// to finish and checks them. failed reports a duplicate or a loss; err a
+// soak that could not run.
+func (s *soak) run(ctx context.Context) (failed bool, err error) {
+	if s.logDir, err = os.MkdirTemp("", "sendonce-soak-"); err != nil {
+		return false, err
+	}
+	if f, err := os.Create(filepath.Join(s.logDir, "soak.log")); err == nil {
+		s.outMu.Lock()
+		s.logFile = f
+		s.outMu.Unlock()
+	}
+	for _, b := range []string{"relay", "sender", "smsstub"} {
+		if _, err := os.Stat(filepath.Join(s.cfg.binDir, b)); err != nil {
+			return false, fmt.Errorf("binary %s not found in %s (run make build): %w", b, s.cfg.binDir, err)
+		}
+	}
+	s.logf("seed %d; rows %d over %s; a fault every %s-%s; logs in %s",
+		s.cfg.seed, s.cfg.rows, s.cfg.loadDuration, s.cfg.faultInterval/3, s.cfg.faultInterval, s.logDir)
+
+	s.directURL = s.cfg.databaseURL
+	if err := recreateDatabase(ctx, s.directURL); err != nil {
+		return false, err
+	}
+	if err := s.migrate(ctx); err != nil {
+		return false, err
+	}
+	if s.pool, err = newPool(ctx, s.directURL, s.cfg.writers+4); err != nil {
+		return false, err
+	}
+
+	if s.broker, err = startBroker(filepath.Join(s.logDir, "jetstream")); err != nil {
+		return false, err
+	}
+	pgAddr, err := hostPort(s.directURL, "5432")
+	if err != nil {
+		return false, err
+	}
+	if s.dbProxy, err = newTCPProxy("postgres", pgAddr); err != nil {
+		return false, err
+	}
+	u, _ := url.Parse(s.directURL)
+	u.Host = s.dbProxy.addr()
+	s.proxiedURL = u.String()
+
+	s.apiKey = "soak-" + uuid.NewString()
+	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey); err != nil {
+		return false, err
+	}
+	stubAddr, err := hostPort(s.stub.url, "80")
+	if err != nil {
+		return false, err
+	}
+	if s.apiProxy, err = newTCPProxy("provider", stubAddr); err != nil {
+		return false, err
+	}
+	s.logf("nats %s (store %s); postgres %s via proxy %s; stub %s via proxy %s",
+		s.broker.url(), s.broker.dir, pgAddr, s.dbProxy.addr(), s.stub.url, s.apiProxy.addr())
+
+	common := []string{
+		"DATABASE_URL=" + s.proxiedURL, "NATS_URL=" + s.broker.url(),
+		"LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0", "SHUTDOWN_TIMEOUT=10s",
+	}
+	relayEnv := append(common[:len(common):len(common)], "RECONCILE_INTERVAL=2s", "RECONCILE_GRACE=40s")
+	senderEnv := append(common[:len(common):len(common)],
+		"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_KEY="+s.apiKey,
+		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32")
+	for i := range 2 {
+		s.relays = append(s.relays, s.newSlot(fmt.Sprintf("relay-%d", i+1), "relay", relayEnv))
+	}
+	for i := range 3 {
+		s.senders = append(s.senders, s.newSlot(fmt.Sprintf("sender-%d", i+1), "sender", senderEnv))
+	}
+	for _, sl := range s.slots() {
+		sl.mu.Lock()
+		err := sl.startLocked(ctx, nil)
+		sl.mu.Unlock()
+		if err != nil {
+			return false, err
+		}
+	}
+	s.logf("started 2 relays and 3 senders")
+
+	s.watchdogStop, s.watchdogDone = make(chan struct{}), make(chan struct{})
+	go s.watchdog(ctx)
+	s.progressStop, s.progressDone = make(chan struct{}), make(chan struct{})
+	go s.progress(ctx)
+
+	// The load and, alongside it, the faults.
+	s.load = newLoader(s.pool, s.cfg.rows, s.cfg.writers, s.cfg.loadDuration, s.logf)
+	loadErr := make(chan error, 1)
+	go func() { loadErr <- s.load.run(ctx) }()
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		s.faultLoop(ctx, s.load.done)
+	}()
+	err = <-loadErr
+	<-faultsDone
+	if err != nil {
+		return false, fmt.Errorf("load: %w", err)
+	}
+	s.logf("load done: %d rows committed; faults %s", s.load.committed(), s.faults.summary())
+
+	if err := s.restore(ctx); err != nil {
+		return false, err
+	}
+	s.logf("faults restored; 2 relays and 3 senders running; waiting up to %s for every row to finish", s.cfg.drainTimeout)
+	if err := s.waitTerminal(ctx, s.cfg.drainTimeout); err != nil {
+		return false, err
+	}
+	close(s.progressStop)
+	<-s.progressDone
+	s.progressStop = nil
+
+	res, err := s.check(ctx)
+	if err != nil {
+		return false, err
+	}
+	fmt.Fprintln(s.stdout, res.line(time.Since(s.start)))
+	if res.failed() {
+		s.diagnose(ctx, res)
+		return true, nil
+	}
+	return false, nil
+}
+
+// restore lifts every fault and makes every process run.
+func (s *soak) restore(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	var errs []error
+	if _, err := smsstub.PostFaults(rctx, s.stub.url, smsstub.Faults{}); err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
+		if err := p.restore(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := s.broker.start(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, sl := range s.slots() {
+		sl.mu.Lock()
+		if !sl.running() {
+			if err := sl.startLocked(ctx, nil); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		sl.mu.Unlock()
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("restore: %v", errs)
+	}
+	return nil
+}
+
+// hold keeps everything running after a failure so that it can be inspected.
+func (s *soak) hold(ctx context.Context) {
+	s.logf("holding for inspection (SIGINT or %s ends it); from another shell:", s.cfg.holdMax)
+	s.logf("  export DATABASE_URL='%s' NATS_URL='%s'", s.directURL, s.broker.url())
+	s.logf("  %s trace ID", filepath.Join(s.cfg.binDir, "relay"))
+	s.logf("  curl -s %s/admin/deliveries; curl -s %s/admin/stats", s.stub.url, s.stub.url)
+	s.logf("  logs: %s", s.logDir)
+	select {
+	case <-ctx.Done():
+	case <-time.After(s.cfg.holdMax):
+	}
+}
+
+// cleanup stops every process (SIGTERM, SIGKILL after a bound), the broker
+// and the proxies, and removes the log directory unless it is to be kept.
+func (s *soak) cleanup(failed bool) {
+	if s.progressStop != nil {
+		close(s.progressStop)
+		<-s.progressDone
+	}
+	if s.watchdogStop != nil {
+		close(s.watchdogStop)
+		<-s.watchdogDone
+	}
+	var wg sync.WaitGroup
+	for _, sl := range s.slots() {
+		wg.Go(func() {
+			sl.mu.Lock()
+			defer sl.mu.Unlock()
+			if p := sl.cur.Load(); p != nil && !p.exited() {
+				if !p.stop(syscall.SIGTERM, 20*time.Second) {
+					s.logf("%s did not stop within 20s of SIGTERM; killed", sl.name)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if s.stub != nil {
+		s.stub.stop()
+	}
+	if s.broker != nil {
+		s.broker.stop()
+	}
+	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
+		if p != nil {
+			p.close()
+		}
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	if s.logDir == "" {
+		return
+	}
+	if failed || s.cfg.keepLogs {
+		s.logf("logs kept in %s", s.logDir)
+		return
+	}
+	s.outMu.Lock()
+	if s.logFile != nil {
+		s.logFile.Close()
+		s.logFile = nil
+	}
+	s.outMu.Unlock()
+	_ = os.RemoveAll(s.logDir)
+}
+
+// hostPort returns the host:port of a URL, with defPort when it has none.
+func hostPort(raw, defPort string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	port := u.Port()
+	if port == "" {
+		port = defPort
+	}
+	host := u.Hostname()
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
