@@ -131,7 +131,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		s.logf("error: %v", err)
 		failed = true
 	}
-	if failed && c.holdOnFailure && ctx.Err() == nil {
+	if failed && c.holdOnFailure && ctx.Err() == nil && s.broker != nil && s.stub != nil {
 		s.hold(ctx)
 	}
 	s.cleanup(failed)

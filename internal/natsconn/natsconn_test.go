@@ -1,0 +1,159 @@
+package natsconn_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/natstest"
+)
+
+func connect(t *testing.T, cfg natsconn.Config) error {
+	t.Helper()
+	cfg.ConnectTimeout = 5 * time.Second
+	nc, _, err := natsconn.Connect(cfg)
+	if err == nil {
+		nc.Close()
+	}
+	return err
+}
+
+func TestToken(t *testing.T) {
+	t.Parallel()
+	srv := natstest.StartWith(t, func(o *server.Options) { o.Authorization = "s3cret-token" })
+	if err := connect(t, natsconn.Config{URL: srv.URL(), Token: "s3cret-token"}); err != nil {
+		t.Fatal(err)
+	}
+	err := connect(t, natsconn.Config{URL: srv.URL(), Token: "wrong"})
+	if err == nil || !strings.Contains(err.Error(), "NATS_TOKEN") {
+		t.Fatalf("wrong token: %v", err)
+	}
+	err = connect(t, natsconn.Config{URL: srv.URL()})
+	if err == nil || !strings.Contains(err.Error(), "none is set") {
+		t.Fatalf("no credentials: %v", err)
+	}
+}
+
+func TestNKey(t *testing.T) {
+	t.Parallel()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	seedFile := filepath.Join(t.TempDir(), "user.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartWith(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })
+	if err := connect(t, natsconn.Config{URL: srv.URL(), NKeySeedFile: seedFile}); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := nkeys.CreateUser()
+	otherSeed, _ := other.Seed()
+	otherFile := filepath.Join(t.TempDir(), "other.nk")
+	_ = os.WriteFile(otherFile, otherSeed, 0o600)
+	if err := connect(t, natsconn.Config{URL: srv.URL(), NKeySeedFile: otherFile}); err == nil || !strings.Contains(err.Error(), "NATS_NKEY") {
+		t.Fatalf("unknown nkey: %v", err)
+	}
+}
+
+// writeCerts makes a CA and a certificate signed by it for 127.0.0.1.
+func writeCerts(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, server bool) (certFile, keyFile string) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if server {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	kb, _ := x509.MarshalECPrivateKey(key)
+	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+	return certFile, keyFile
+}
+
+func TestMutualTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sendonce test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	ca, _ := x509.ParseCertificate(caDER)
+	caFile := filepath.Join(dir, "ca.pem")
+	_ = os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600)
+	srvCert, srvKey := writeCerts(t, dir, "server", ca, caKey, true)
+	cliCert, cliKey := writeCerts(t, dir, "client", ca, caKey, false)
+
+	srv := natstest.StartWith(t, func(o *server.Options) {
+		cfg, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: srvCert, KeyFile: srvKey, CaFile: caFile, Verify: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MinVersion = tls.VersionTLS12
+		o.TLSConfig, o.TLS, o.TLSVerify = cfg, true, true
+	})
+	url := "tls://127.0.0.1:" + strconv.Itoa(srv.Port())
+	if err := connect(t, natsconn.Config{URL: url, CAFile: caFile, CertFile: cliCert, KeyFile: cliKey}); err != nil {
+		t.Fatal(err)
+	}
+	if err := connect(t, natsconn.Config{URL: url, CAFile: caFile}); err == nil {
+		t.Fatal("connected without a client certificate")
+	}
+	if err := connect(t, natsconn.Config{URL: url}); err == nil || !strings.Contains(err.Error(), "NATS_CA") {
+		t.Fatalf("unverifiable server: %v", err)
+	}
+}
+
+func TestBindValidates(t *testing.T) {
+	t.Parallel()
+	cases := map[string]map[string]string{
+		"two methods":   {"NATS_TOKEN": "x", "NATS_USER": "u", "NATS_PASSWORD": "p"},
+		"user only":     {"NATS_USER": "u"},
+		"cert only":     {"NATS_CERT": "/etc/hostname"},
+		"missing creds": {"NATS_CREDS": "/nonexistent/user.creds"},
+		"bad url":       {"NATS_URL": "http://x"},
+	}
+	for name, env := range cases {
+		var c natsconn.Config
+		s := envflag.New("t", func(k string) string { return env[k] }, &strings.Builder{})
+		natsconn.Bind(s, &c)
+		if err := s.Parse(nil); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
