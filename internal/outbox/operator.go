@@ -2,11 +2,13 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ReplayResult says what Replay did with one id.
@@ -109,13 +111,27 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 		FROM sms_outbox WHERE id = $1`, id).
 		Scan(&r.ID, &r.Status, &to, &r.BodyChars, &r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq,
 			&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt)
-	if err == pgx.ErrNoRows {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		// A role without access to the number and the body (the relay's)
+		// still sees everything else.
+		err = q.QueryRow(ctx, `SELECT id, status, attempt_count, max_attempts,
+				publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at, next_attempt_at
+			FROM sms_outbox WHERE id = $1`, id).
+			Scan(&r.ID, &r.Status, &r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq,
+				&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt)
+		to, r.BodyChars = "", -1
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
 		return Row{}, ErrNotFound
 	}
 	if err != nil {
 		return Row{}, fmt.Errorf("outbox: read row: %w", err)
 	}
-	r.ToMasked = MaskPhone(to)
+	r.ToMasked = "(not visible to this role)"
+	if to != "" {
+		r.ToMasked = MaskPhone(to)
+	}
 	if ref != nil {
 		r.ProviderRef = *ref
 	}

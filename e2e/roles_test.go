@@ -1,0 +1,101 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/relay"
+)
+
+// asRole returns the database URL with every connection acting as role, as
+// a login role that is a member of it would.
+func asRole(t *testing.T, dbURL, role string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Spaces as %20: the driver does not read "+" as a space here.
+	if u.RawQuery != "" {
+		u.RawQuery += "&"
+	}
+	u.RawQuery += "options=-c%20role%3D" + role
+	return newPool(t, u.String())
+}
+
+// Each component runs as its own least-privilege role, and a statement
+// outside its grants is refused.
+func TestComponentsRunAsTheirRoles(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	dbURL := e.dbURL()
+	appPool := asRole(t, dbURL, "sendonce_app")
+	relayPool := asRole(t, dbURL, "sendonce_relay")
+	senderPool := asRole(t, dbURL, "sendonce_sender")
+
+	relayEnv := *e
+	relayEnv.pool = relayPool
+	relayEnv.startRelay(relay.Config{})
+	senderEnv := *e
+	senderEnv.pool = senderPool
+	senderEnv.startSender(senderOptions{})
+
+	ctx := context.Background()
+	var ids []uuid.UUID
+	for i := range 30 {
+		err := pgx.BeginFunc(ctx, appPool, func(tx pgx.Tx) error {
+			id, err := outbox.Enqueue(ctx, tx, testPhone(i), testBody(i))
+			ids = append(ids, id)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("the app role cannot enqueue: %v", err)
+		}
+	}
+	rows := e.waitTerminal(ids, time.Minute)
+	for _, id := range ids {
+		if rows[id].status != outbox.StatusSent {
+			t.Fatalf("row %s ended %s", id, rows[id].status)
+		}
+		st, err := outbox.Status(ctx, appPool, id)
+		if err != nil || st.Status != outbox.StatusSent {
+			t.Fatalf("the app role cannot read the status: %+v %v", st, err)
+		}
+	}
+	e.checkOnce(ids, rows)
+
+	refused := []struct {
+		pool *pgxpool.Pool
+		who  string
+		sql  string
+	}{
+		{appPool, "app", `SELECT body FROM sms_outbox LIMIT 1`},
+		{appPool, "app", `UPDATE sms_outbox SET status = 'sent'`},
+		{appPool, "app", `DELETE FROM sms_outbox`},
+		{relayPool, "relay", `SELECT to_e164 FROM sms_outbox LIMIT 1`},
+		{relayPool, "relay", `SELECT body FROM sms_outbox LIMIT 1`},
+		{relayPool, "relay", `UPDATE sms_outbox SET provider_ref = 'x'`},
+		{relayPool, "relay", `INSERT INTO sms_outbox (id, to_e164, body) VALUES (gen_random_uuid(), '+15550000000', 'x')`},
+		{senderPool, "sender", `DELETE FROM sms_outbox`},
+		{senderPool, "sender", `UPDATE sms_outbox SET body = 'changed'`},
+		{senderPool, "sender", `INSERT INTO sms_outbox (id, to_e164, body) VALUES (gen_random_uuid(), '+15550000000', 'x')`},
+		{senderPool, "sender", `DELETE FROM sms_attempts`},
+		{senderPool, "sender", `DROP TABLE sms_attempts`},
+	}
+	for _, r := range refused {
+		_, err := r.pool.Exec(ctx, r.sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "42501" && pgErr.Code != "42P01") {
+			t.Errorf("%s ran %q: err %v, want insufficient_privilege", r.who, r.sql, err)
+		}
+	}
+}
