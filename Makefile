@@ -28,3 +28,19 @@ vet:
 
 clean:
 	rm -rf $(BIN) bench.json
+
+# Each fuzz target for FUZZTIME (60s; CI runs them briefly).
+FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	FuzzParseRetryAfter:./internal/provider \
+	FuzzClassifyBody:./internal/provider \
+	FuzzScrub:./internal/provider \
+	FuzzDecode:./internal/wire \
+	FuzzParse:./internal/envflag
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		name=$${t%%:*}; pkg=$${t#*:}; \
+		echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
