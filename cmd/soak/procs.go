@@ -197,6 +197,7 @@ type startWatcher struct {
 	tail    []byte
 }
 
+// Write implements io.Writer.
 func (sw *startWatcher) Write(b []byte) (int, error) {
 	if !sw.seen {
 		// Look at what is left of the previous write too, so that a marker
@@ -293,6 +294,7 @@ type lineCatcher struct {
 	sent  bool
 }
 
+// Write implements io.Writer.
 func (lc *lineCatcher) Write(b []byte) (int, error) {
 	if !lc.sent {
 		lc.buf = append(lc.buf, b...)
