@@ -141,3 +141,51 @@ func (e *env) deliverDirectly(id uuid.UUID) error {
 	}
 	return nil
 }
+
+// A sender that died on a row's last attempt at a provider without
+// idempotency: the row ends unknown (not dead: "dead" would invite a replay
+// of a message that may have been delivered), with no new call.
+func TestDiedOnTheLastAttemptNonIdempotentEndsUnknown(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
+	ids := e.insert(1)
+	if err := e.deliverDirectly(ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	lease := 2 * time.Second
+	e.crashedMidCall(t, ids[0], lease)
+	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET attempt_count = max_attempts WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	no := false
+	e.startSender(senderOptions{timeout: 500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
+	rows := e.waitTerminal(ids, 30*time.Second)
+	if r := rows[ids[0]]; r.status != outbox.StatusUnknown {
+		t.Fatalf("row = %+v, want unknown", r)
+	}
+	if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 {
+		t.Fatalf("provider: %+v, want no new request", d)
+	}
+}
+
+// The same at an idempotent provider: one more call under the same key
+// learns the dead attempt's outcome (a replay), and the row ends sent.
+func TestDiedOnTheLastAttemptIdempotentLearnsTheOutcome(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	ids := e.insert(1)
+	if err := e.deliverDirectly(ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	lease := 2 * time.Second
+	e.crashedMidCall(t, ids[0], lease)
+	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET attempt_count = max_attempts WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
+	rows := e.waitTerminal(ids, 30*time.Second)
+	if r := rows[ids[0]]; r.status != outbox.StatusSent {
+		t.Fatalf("row = %+v, want sent", r)
+	}
+	e.checkOnce(ids, rows)
+}

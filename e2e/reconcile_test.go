@@ -170,13 +170,28 @@ func TestReconcilerFinalisesSpentRows(t *testing.T) {
 func TestConcurrentReconcilersAndBacklog(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{})
-	ids := e.insert(60)
+	ids := e.insert(61)
+	recreated := ids[60]
+	ids = ids[:60]
 	e.lose(ids[:50])
-	// The last 10 look old, but their publication is beyond what the
-	// consumer has delivered: they are waiting in a backlog, not lost.
+	// A row published to a stream that was since lost and recreated: its
+	// sequence is beyond anything the new stream holds.
 	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET status = 'queued', stream_seq = 1000000,
-		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids[50:]); err != nil {
+		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, recreated); err != nil {
 		t.Fatal(err)
+	}
+	// The last 10 look old, but their publication is in the stream beyond
+	// what the consumer has delivered (no sender runs): they are waiting in
+	// a backlog, not lost.
+	for _, id := range ids[50:] {
+		ack, err := e.js.Publish(context.Background(), streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id}), jetstream.WithMsgID(id.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET status = 'queued', stream_seq = $2,
+			updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, id, int64(ack.Sequence)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	recs := []*relay.Reconciler{e.newReconciler(time.Second), e.newReconciler(time.Second), e.newReconciler(time.Second)}
 	var wg sync.WaitGroup
@@ -198,14 +213,17 @@ func TestConcurrentReconcilersAndBacklog(t *testing.T) {
 	}
 	wg.Wait()
 	stream := e.streamCounts()
+	if stream[recreated] != 1 {
+		t.Errorf("the row of a recreated stream was republished %d times, want 1", stream[recreated])
+	}
 	for _, id := range ids[:50] {
 		if stream[id] != 1 {
 			t.Errorf("row %s republished %d times, want 1", id, stream[id])
 		}
 	}
 	for _, id := range ids[50:] {
-		if stream[id] != 0 {
-			t.Errorf("backlogged row %s republished", id)
+		if stream[id] != 1 {
+			t.Errorf("backlogged row %s is in the stream %d times, want its 1 original publication", id, stream[id])
 		}
 	}
 }

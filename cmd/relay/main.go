@@ -170,7 +170,9 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	nc, js, err := natsconn.Connect(withConn(c.nats, "sendonce-relay", c.publishWindow, log))
+	natsCfg := withConn(c.nats, "sendonce-relay", c.publishWindow, log)
+	natsCfg.PublishAckTimeout = c.ackTimeout
+	nc, js, err := natsconn.Connect(natsCfg)
 	if err != nil {
 		return err
 	}

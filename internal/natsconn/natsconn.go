@@ -25,6 +25,10 @@ type Config struct {
 	Name string
 	// PublishWindow bounds the asynchronous publications awaiting a PubAck.
 	PublishWindow int
+	// PublishAckTimeout, when set, abandons an asynchronous publication's
+	// PubAck after it, so that acks lost without a reconnect (a stream
+	// leader change) do not fill the window for good.
+	PublishAckTimeout time.Duration
 	// ConnectTimeout bounds the first connection.
 	ConnectTimeout time.Duration
 	// Logger receives connection events.
@@ -165,6 +169,9 @@ func Connect(cfg Config) (*nats.Conn, jetstream.JetStream, error) {
 		// The relay keeps its own window per batch; this is the library's
 		// bound, set above it so it never stalls first.
 		jsOpts = append(jsOpts, jetstream.WithPublishAsyncMaxPending(2*cfg.PublishWindow))
+	}
+	if cfg.PublishAckTimeout > 0 {
+		jsOpts = append(jsOpts, jetstream.WithPublishAsyncTimeout(cfg.PublishAckTimeout))
 	}
 	js, err := jetstream.New(nc, jsOpts...)
 	if err != nil {

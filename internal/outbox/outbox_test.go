@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -299,20 +300,37 @@ func TestWriteResultsGuards(t *testing.T) {
 	}
 	n := write(
 		outbox.Result{ID: a, Status: outbox.StatusSent, ProviderRef: "msg_a"},
-		outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "http 503", RetryAt: time.Now().Add(time.Second)},
-		outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400"},
+		outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "http 503", RetryAt: time.Now().Add(time.Second), Attempt: 1},
+		outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400\x00 with a NUL and \xff bad UTF-8", Attempt: 1},
 	)
 	if n != 3 {
 		t.Fatalf("first write changed %d rows, want 3", n)
 	}
 	// Late or duplicate outcomes never move a terminal row.
 	n = write(
-		outbox.Result{ID: a, Status: outbox.StatusDead, Error: "late"},
+		outbox.Result{ID: a, Status: outbox.StatusDead, Error: "late", Attempt: 1},
 		outbox.Result{ID: c, Status: outbox.StatusSent, ProviderRef: "msg_c"},
-		outbox.Result{ID: a, Status: outbox.StatusQueued, Error: "late retry"},
+		outbox.Result{ID: a, Status: outbox.StatusQueued, Error: "late retry", Attempt: 1},
 	)
 	if n != 0 {
 		t.Fatalf("late writes changed %d rows, want 0", n)
+	}
+	// A write from an overtaken attempt changes nothing: b is claimed again
+	// (attempt 2), and attempt 1's second, late retry write must not move it.
+	if _, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{b}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n := write(outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "stale", RetryAt: time.Now(), Attempt: 1}); n != 0 {
+		t.Fatalf("a retry write from attempt 1 changed attempt 2's row")
+	}
+	if n := write(outbox.Result{ID: b, Status: outbox.StatusUnknown, Error: "stale", Attempt: 1}); n != 0 {
+		t.Fatalf("an unknown write from attempt 1 changed attempt 2's row")
+	}
+	if n := write(outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "mine", RetryAt: time.Now(), Attempt: 2}); n != 1 {
+		t.Fatalf("the owning attempt's write did not apply")
+	}
+	if st, _ := outbox.Status(ctx, pool, c); !utf8.ValidString(st.LastError) || strings.ContainsRune(st.LastError, 0) {
+		t.Errorf("last_error %q was stored unclean", st.LastError)
 	}
 	for id, want := range map[uuid.UUID]outbox.State{a: outbox.StatusSent, b: outbox.StatusQueued, c: outbox.StatusDead} {
 		st, err := outbox.Status(ctx, pool, id)

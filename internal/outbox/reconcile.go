@@ -36,16 +36,19 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 // grace must exceed the senders' lease plus the consumer's AckWait, or live
 // work is republished (harmless, the senders' claim deduplicates, but
 // wasteful).
-func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, deliveredSeq uint64, limit int) ([]Stuck, error) {
+//
+// A row whose stream_seq is beyond lastSeq belongs to a stream that was lost
+// and recreated (its sequences started again): it is stuck too.
+func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, deliveredSeq, lastSeq uint64, limit int) ([]Stuck, error) {
 	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts
 		FROM sms_outbox
 		WHERE status IN ('queued', 'sending')
 		  AND updated_at < now() - $1::interval
 		  AND next_attempt_at < now() - $1::interval
-		  AND (status = 'sending' OR stream_seq IS NULL OR stream_seq <= $2)
+		  AND (status = 'sending' OR stream_seq IS NULL OR stream_seq <= $2 OR stream_seq > $4)
 		ORDER BY updated_at
 		LIMIT $3
-		FOR UPDATE SKIP LOCKED`, grace, int64(min(deliveredSeq, 1<<62)), limit)
+		FOR UPDATE SKIP LOCKED`, grace, int64(min(deliveredSeq, 1<<62)), limit, int64(min(lastSeq, 1<<62)))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
 		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts)

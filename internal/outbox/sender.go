@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -149,6 +150,9 @@ type Result struct {
 	Error string
 	// RetryAt is when the next attempt is due (StatusQueued).
 	RetryAt time.Time
+	// Attempt is the number of the attempt that produced the result (its
+	// claim's attempt_count): it fences retry, dead and unknown writes.
+	Attempt int
 }
 
 // Attempt is one record of the attempts log: a provider call, or a decision
@@ -172,71 +176,106 @@ type Attempt struct {
 	Sender string
 }
 
-// WriteResults writes a batch of attempt outcomes in three statements. Each
-// write is guarded so it never moves a row backwards: sent is written over
-// any non-terminal status (the provider accepted, whatever else happened),
-// a retry only over sending, dead and unknown over any non-terminal status.
-// It returns how many rows changed. attempts are appended to the attempts log
-// in the same transaction.
+// WriteResults writes a batch of attempt outcomes and returns how many rows
+// changed; see ApplyResults.
 func WriteResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []Attempt) (int64, error) {
+	applied, err := ApplyResults(ctx, tx, results, attempts)
+	return int64(len(applied)), err
+}
+
+// ApplyResults writes a batch of attempt outcomes in three statements and
+// returns the ids whose write applied. Each write is guarded so it never
+// moves a row backwards: sent is written over any non-terminal status (the
+// provider accepted, whatever else happened); a retry, dead or unknown only
+// by the attempt that still owns the row: the row is sending and its
+// attempt_count is the result's Attempt. A write from an attempt that was
+// overtaken (its lease expired and another attempt claimed the row, or an
+// operator replayed it) changes nothing. attempts are appended to the
+// attempts log in the same transaction. Text is made safe for the database
+// (valid UTF-8, no NUL) so that one hostile provider answer cannot fail the
+// batch.
+func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []Attempt) (map[uuid.UUID]bool, error) {
 	if err := insertAttempts(ctx, tx, attempts); err != nil {
-		return 0, err
+		return nil, err
 	}
 	var (
 		sentIDs, retryIDs, endIDs []uuid.UUID
 		refs, retryErrs, endErrs  []string
 		retryAt                   []time.Time
+		retryAtt, endAtt          []int32
 		endStatus                 []string
 	)
 	for _, r := range results {
 		switch r.Status {
 		case StatusSent:
 			sentIDs = append(sentIDs, r.ID)
-			refs = append(refs, r.ProviderRef)
+			refs = append(refs, clean(r.ProviderRef))
 		case StatusQueued:
 			retryIDs = append(retryIDs, r.ID)
-			retryErrs = append(retryErrs, r.Error)
+			retryErrs = append(retryErrs, clean(r.Error))
 			retryAt = append(retryAt, r.RetryAt)
+			retryAtt = append(retryAtt, int32(r.Attempt))
 		case StatusDead, StatusUnknown:
 			endIDs = append(endIDs, r.ID)
-			endErrs = append(endErrs, r.Error)
+			endErrs = append(endErrs, clean(r.Error))
 			endStatus = append(endStatus, string(r.Status))
+			endAtt = append(endAtt, int32(r.Attempt))
 		default:
-			return 0, fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
+			return nil, fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
 		}
 	}
-	var n int64
+	applied := make(map[uuid.UUID]bool, len(results))
+	collect := func(what, sql string, args ...any) error {
+		rows, _ := tx.Query(ctx, sql, args...)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return fmt.Errorf("outbox: write %s: %w", what, err)
+		}
+		for _, id := range ids {
+			applied[id] = true
+		}
+		return nil
+	}
 	if len(sentIDs) > 0 {
-		tag, err := tx.Exec(ctx, `UPDATE sms_outbox o
+		if err := collect("sent", `UPDATE sms_outbox o
 			SET status = 'sent', provider_ref = v.ref, last_error = NULL, updated_at = now()
 			FROM unnest($1::uuid[], $2::text[]) AS v(id, ref)
-			WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, sentIDs, refs)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: write sent: %w", err)
+			WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')
+			RETURNING o.id`, sentIDs, refs); err != nil {
+			return nil, err
 		}
-		n += tag.RowsAffected()
 	}
 	if len(retryIDs) > 0 {
-		tag, err := tx.Exec(ctx, `UPDATE sms_outbox o
+		if err := collect("retries", `UPDATE sms_outbox o
 			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS v(id, err, at)
-			WHERE o.id = v.id AND o.status = 'sending'`, retryIDs, retryErrs, retryAt)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: write retries: %w", err)
+			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[]) AS v(id, err, at, attempt)
+			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt
+			RETURNING o.id`, retryIDs, retryErrs, retryAt, retryAtt); err != nil {
+			return nil, err
 		}
-		n += tag.RowsAffected()
 	}
 	if len(endIDs) > 0 {
-		tag, err := tx.Exec(ctx, `UPDATE sms_outbox o
+		if err := collect("dead and unknown", `UPDATE sms_outbox o
 			SET status = v.status, last_error = v.err, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, status, err)
-			WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, endIDs, endStatus, endErrs)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: write dead and unknown: %w", err)
+			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[]) AS v(id, status, err, attempt)
+			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt
+			RETURNING o.id`, endIDs, endStatus, endErrs, endAtt); err != nil {
+			return nil, err
 		}
-		n += tag.RowsAffected()
 	}
-	return n, nil
+	return applied, nil
+}
+
+// clean makes text storable: valid UTF-8 without NUL, at most 1000 bytes.
+func clean(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "")
+	}
+	if len(s) > 1000 {
+		s = strings.ToValidUTF8(s[:1000], "")
+	}
+	return s
 }
 
 func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt) error {
@@ -270,7 +309,7 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt) error {
 			codes[i] = &v
 		}
 		if a.Error != "" {
-			e := a.Error
+			e := clean(a.Error)
 			errs[i] = &e
 		}
 	}

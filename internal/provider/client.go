@@ -144,8 +144,9 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 
 	// Set by the transport's writer goroutine once the whole request is on
 	// the wire: from then on the provider may have acted on it.
-	var wrote atomic.Bool
+	var wrote, gotConn atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
 				wrote.Store(true)
@@ -169,7 +170,11 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		o := c.transportFailure(err, wrote.Load())
+		// WroteRequest fires after the flush: a timeout between the last
+		// byte and the callback would look unsent. Where a resend could
+		// double-send, any failure on a live connection counts as written.
+		maybeWritten := wrote.Load() || (!c.cfg.Idempotent && gotConn.Load())
+		o := c.transportFailure(err, maybeWritten)
 		o.Latency = time.Since(start)
 		return o
 	}
@@ -236,7 +241,7 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outco
 		// The provider accepted: that is the fact that matters, even when
 		// its answer cannot be read. A retry would replay the same answer.
 		o := Outcome{Kind: Sent, HTTPStatus: status}
-		if oversize || json.Unmarshal(data, &ok) != nil || json.Unmarshal(ok[c.refField], &ref) != nil || ref == "" || len(ref) > 200 {
+		if oversize || json.Unmarshal(data, &ok) != nil || json.Unmarshal(ok[c.refField], &ref) != nil || !plainRef(ref) {
 			o.Reason = "accepted, but the response carries no readable message id"
 			return o
 		}
@@ -330,6 +335,13 @@ func scrub(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	var b strings.Builder
 	for i := 0; i < len(s); {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			// Control characters (NUL above all: Postgres refuses it in
+			// text) become spaces.
+			b.WriteByte(' ')
+			i++
+			continue
+		}
 		if !isDigit(s[i]) {
 			b.WriteByte(s[i])
 			i++
@@ -365,3 +377,17 @@ func scrub(s string) string {
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// plainRef reports whether a provider message id is fit to store: 1..200
+// printable ASCII characters.
+func plainRef(ref string) bool {
+	if ref == "" || len(ref) > 200 {
+		return false
+	}
+	for i := 0; i < len(ref); i++ {
+		if ref[i] < 0x21 || ref[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -150,12 +150,20 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("consumer info: %w", err)
 	}
+	stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
+	if err != nil {
+		return 0, fmt.Errorf("look up stream: %w", err)
+	}
+	sinfo, err := stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("stream info: %w", err)
+	}
 	tx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	stuck, err := outbox.ClaimStuck(ctx, tx, r.cfg.Grace, info.Delivered.Stream, r.cfg.BatchSize)
+	stuck, err := outbox.ClaimStuck(ctx, tx, r.cfg.Grace, info.Delivered.Stream, sinfo.State.LastSeq, r.cfg.BatchSize)
 	if err != nil || len(stuck) == 0 {
 		return 0, err
 	}

@@ -14,6 +14,7 @@ type metrics struct {
 	redeliveries    prometheus.Counter
 	skipped         prometheus.Counter
 	leased          prometheus.Counter
+	overtaken       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,6 +49,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_lease_backoffs_total",
 			Help: "Deliveries backed off because another attempt held the row or it awaited its retry time.",
 		}),
+		overtaken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_sender_overtaken_writes_total",
+			Help: "Attempt outcomes not written because another attempt had taken the row over.",
+		}),
 	}
 	// Every series exists from the start at 0, so that rate() and
 	// increase() see the first event of a kind.
@@ -58,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.deadLetters.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

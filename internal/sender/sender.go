@@ -72,6 +72,11 @@ type Config struct {
 	// RetryBase and RetryCap shape the full-jitter backoff between attempts:
 	// U(0, min(RetryCap, RetryBase*2^attempt)). Default 500ms and 60s.
 	RetryBase, RetryCap time.Duration
+	// MaxNakDelay is the longest retry wait kept in JetStream (a Nak with
+	// delay holds one of the consumer's MaxAckPending slots); a longer one
+	// (a long Retry-After) acks the message and leaves the row queued with
+	// its next_attempt_at for the reconciler to republish. Default 5m.
+	MaxNakDelay time.Duration
 	// DBTimeout bounds each database round trip; default 10s.
 	DBTimeout time.Duration
 	// PublishTimeout bounds a dead letter's publication; default 10s.
@@ -101,6 +106,7 @@ func (c *Config) setDefaults() {
 	c.RetryBase = cmp.Or(c.RetryBase, 500*time.Millisecond)
 	c.RetryCap = cmp.Or(c.RetryCap, 60*time.Second)
 	c.DBTimeout = cmp.Or(c.DBTimeout, 10*time.Second)
+	c.MaxNakDelay = cmp.Or(c.MaxNakDelay, 5*time.Minute)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, 10*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -372,7 +378,7 @@ func (s *Sender) claimBatch(ctx context.Context, batch []jetstream.Msg, slots ch
 func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, heartbeat time.Duration, results chan<- result) {
 	log := s.log.With("outbox_id", c.ID.String(), "attempt", c.Attempt)
 	started := time.Now()
-	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID}}
+	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID, Attempt: c.Attempt}}
 	record := func(outcome string, o provider.Outcome, errText string) {
 		res.attempt = &outbox.Attempt{
 			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: o.Latency, Outcome: outcome,
@@ -400,22 +406,27 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	}
 
 	switch {
-	case c.Attempt > c.MaxAttempts:
-		// Attempts were spent by earlier deliveries that died mid-call.
-		s.metrics.outcomes.WithLabelValues("max_attempts").Inc()
-		msg := fmt.Sprintf("attempts exhausted (%d of %d)", c.MaxAttempts, c.MaxAttempts)
-		record("max_attempts", provider.Outcome{}, msg)
-		finish(outbox.StatusDead, wire.ReasonMaxAttempts, msg, 0)
-		return
 	case c.Result == outbox.ClaimedStale && !s.cfg.Provider.Idempotent():
 		// An earlier attempt died mid-call at a provider that would send
 		// again: the outcome is unknowable, and a retry could double-send.
+		// This comes first: even with the budget spent, "dead" would invite
+		// a replay of a message that may have been delivered.
 		s.metrics.outcomes.WithLabelValues("ambiguous").Inc()
 		msg := "an earlier attempt ended without an outcome (sender died mid-call)"
 		record("ambiguous", provider.Outcome{}, msg)
 		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, msg, 0)
 		return
+	case c.Attempt > c.MaxAttempts && c.Result != outbox.ClaimedStale:
+		// A safety net: a retry on the last attempt already finishes the row.
+		s.metrics.outcomes.WithLabelValues("max_attempts").Inc()
+		msg := fmt.Sprintf("attempts exhausted (%d of %d)", c.MaxAttempts, c.MaxAttempts)
+		record("max_attempts", provider.Outcome{}, msg)
+		finish(outbox.StatusDead, wire.ReasonMaxAttempts, msg, 0)
+		return
 	}
+	// A stale claim at an idempotent provider calls again even past the
+	// budget: the same key makes the provider replay the dead attempt's
+	// outcome, so this learns it without sending twice.
 
 	stop := keepAlive(m, heartbeat)
 	// The call runs to its own timeout even during shutdown: abandoning it
@@ -445,6 +456,11 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		}
 		res.row.Status, res.row.Error, res.row.RetryAt = outbox.StatusQueued, out.Error(), time.Now().Add(d)
 		res.action, res.delay = nak, d
+		if d > s.cfg.MaxNakDelay {
+			// A long wait would hold a MaxAckPending slot all along: ack,
+			// and let the reconciler republish the row once it is due.
+			res.action = ack
+		}
 		results <- res
 	case provider.Permanent:
 		record("permanent", out, out.Error())
@@ -474,7 +490,12 @@ func (s *Sender) lastDelivery(m jetstream.Msg) bool {
 // terminates it: it can never succeed, and must neither crash nor loop.
 func (s *Sender) rejectInvalid(ctx context.Context, m jetstream.Msg, id uuid.UUID, why string) {
 	s.metrics.outcomes.WithLabelValues("invalid").Inc()
-	l := deadletter.Letter{OutboxID: id, Reason: wire.ReasonInvalid, Error: why, Payload: m.Data()}
+	payload := m.Data()
+	if len(payload) > wire.MaxPayload {
+		// The letter must fit the dead-letter stream whatever arrived.
+		payload = payload[:wire.MaxPayload]
+	}
+	l := deadletter.Letter{OutboxID: id, Reason: wire.ReasonInvalid, Error: why, Payload: payload}
 	if md, err := m.Metadata(); err == nil {
 		l.StreamSeq = md.Sequence.Stream
 	}
@@ -521,7 +542,8 @@ func (s *Sender) writeLoop(results <-chan result) {
 				attempts = append(attempts, *r.attempt)
 			}
 		}
-		if err := s.writeStatuses(rows, attempts); err != nil {
+		applied, err := s.writeStatuses(rows, attempts)
+		if err != nil {
 			// Not acked: the row is still leased, and the redelivery after
 			// the lease finds the provider's stored answer under the same key.
 			s.log.Error("status write failed; messages will be redelivered", "err", err, "rows", len(rows))
@@ -532,6 +554,12 @@ func (s *Sender) writeLoop(results <-chan result) {
 		}
 		now := time.Now()
 		for _, r := range batch {
+			if r.row.Status != "" && r.row.Status != outbox.StatusSent && !applied[r.row.ID] {
+				// Another attempt owns the row now (this one's lease
+				// expired): its delivery decides; this one stays silent.
+				s.metrics.overtaken.Inc()
+				continue
+			}
 			switch r.action {
 			case ack:
 				_ = r.msg.Ack()
@@ -547,12 +575,17 @@ func (s *Sender) writeLoop(results <-chan result) {
 	}
 }
 
-func (s *Sender) writeStatuses(rows []outbox.Result, attempts []outbox.Attempt) error {
+// writeStatuses commits rows and attempts and returns the ids whose write
+// applied. A retry after an error whose commit in fact went through finds
+// its writes fenced off (the rows moved on) and reports them not applied:
+// the messages then wait for their redelivery instead of a second answer.
+func (s *Sender) writeStatuses(rows []outbox.Result, attempts []outbox.Attempt) (map[uuid.UUID]bool, error) {
 	if len(rows) == 0 && len(attempts) == 0 {
-		return nil
+		return nil, nil
 	}
 	var err error
 	for try := 1; try <= 3; try++ {
+		var applied map[uuid.UUID]bool
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DBTimeout)
 		err = func() error {
 			tx, err := s.cfg.Pool.Begin(ctx)
@@ -560,18 +593,18 @@ func (s *Sender) writeStatuses(rows []outbox.Result, attempts []outbox.Attempt) 
 				return err
 			}
 			defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-			if _, err := outbox.WriteResults(ctx, tx, rows, attempts); err != nil {
+			if applied, err = outbox.ApplyResults(ctx, tx, rows, attempts); err != nil {
 				return err
 			}
 			return tx.Commit(ctx)
 		}()
 		cancel()
 		if err == nil {
-			return nil
+			return applied, nil
 		}
 		time.Sleep(jitter(time.Duration(try) * 200 * time.Millisecond))
 	}
-	return fmt.Errorf("write %d statuses: %w", len(rows), err)
+	return nil, fmt.Errorf("write %d statuses: %w", len(rows), err)
 }
 
 // keepAlive tells JetStream the message is still being worked on every
