@@ -32,7 +32,7 @@ import (
 func (e *env) processEnv(dbURL string, extra ...string) []string {
 	return append([]string{
 		"DATABASE_URL=" + dbURL, "NATS_URL=" + e.nats.URL(), "HTTP_ADDR=127.0.0.1:0", "LOG_LEVEL=debug",
-		"SMS_API_BASE=" + e.stubURL, "SMS_API_KEY=" + testAPIKey, "SMS_API_TIMEOUT=1s",
+		"SMS_API_BASE=" + e.stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY=" + testAPIKey, "SMS_API_TIMEOUT=1s",
 		"RETRY_BASE=20ms", "RETRY_CAP=200ms", "RELAY_POLL_INTERVAL=100ms", "SHUTDOWN_TIMEOUT=20s",
 	}, extra...)
 }

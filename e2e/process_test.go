@@ -150,7 +150,7 @@ func TestGracefulShutdownAndLogScan(t *testing.T) {
 	}
 	env := []string{
 		"DATABASE_URL=" + url, "NATS_URL=" + srv.URL(), "HTTP_ADDR=127.0.0.1:0", "LOG_LEVEL=debug",
-		"SMS_API_BASE=" + stubURL, "SMS_API_KEY=" + apiKey, "SMS_API_TIMEOUT=1s", "RETRY_BASE=50ms", "RETRY_CAP=500ms",
+		"SMS_API_BASE=" + stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY=" + apiKey, "SMS_API_TIMEOUT=1s", "RETRY_BASE=50ms", "RETRY_CAP=500ms",
 		"SENDER_CONCURRENCY=16", "SHUTDOWN_TIMEOUT=20s", "RELAY_POLL_INTERVAL=100ms",
 	}
 	relayProc := startProcess(t, "relay", env)

@@ -148,7 +148,7 @@ func (d *demo) run(ctx context.Context) error {
 	if _, err := d.start(ctx, "relay", "relay", nil, env); err != nil {
 		return err
 	}
-	senderEnv := append(env[:len(env):len(env)], "SMS_API_BASE="+stubURL, "SMS_API_KEY="+apiKey,
+	senderEnv := append(env[:len(env):len(env)], "SMS_API_BASE="+stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+apiKey,
 		"SMS_API_TIMEOUT="+d.cfg.apiTimeout.String(), "RETRY_BASE=100ms", "RETRY_CAP=2s")
 	for i := range d.cfg.senders {
 		if _, err := d.start(ctx, fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {

@@ -51,6 +51,7 @@ type config struct {
 	twilioFrom     string
 	twilioService  string
 	apiTimeout     time.Duration
+	allowInsecure  bool
 	idempotent     bool
 	permanentCodes string
 	concurrency    int
@@ -72,6 +73,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Enum(&c.providerKind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio"}, "provider API shape: generic (DESIGN 4.4, JSON with Idempotency-Key) or twilio (never idempotent)")
 	s.String(&c.apiBase, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com")
 	s.URL(&c.apiBase, "sms-api-base", "http", "https")
+	s.Bool(&c.allowInsecure, "sms-api-allow-insecure", "SMS_API_ALLOW_INSECURE", false, "allow an http:// SMS_API_BASE (development and tests only: the key and the messages would cross the network in clear)")
 	s.Secret(&c.apiKey, "sms-api-key", "SMS_API_KEY", "generic provider API key, sent as a Bearer token")
 	s.String(&c.twilioSID, "twilio-account-sid", "TWILIO_ACCOUNT_SID", "", "twilio: account SID (basic-auth user)")
 	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "twilio: auth token (basic-auth password)")
@@ -96,6 +98,9 @@ func bind(s *envflag.Set, c *config) {
 			return errors.New("-twilio-auth-token / TWILIO_AUTH_TOKEN is required with SMS_PROVIDER=twilio")
 		case c.providerKind == "twilio" && c.twilioFrom == "" && c.twilioService == "":
 			return errors.New("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with SMS_PROVIDER=twilio")
+		}
+		if strings.HasPrefix(strings.ToLower(c.apiBase), "http://") && !c.allowInsecure {
+			return errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 		}
 		if c.retryCap < c.retryBase {
 			return fmt.Errorf("-retry-cap / RETRY_CAP (%s) is below -retry-base / RETRY_BASE (%s)", c.retryCap, c.retryBase)

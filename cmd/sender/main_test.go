@@ -62,11 +62,12 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"key file missing", map[string]string{"SMS_API_KEY_FILE": missing}, nil, "SMS_API_KEY_FILE"},
 		{"key and key file", map[string]string{"SMS_API_KEY": "k", "SMS_API_KEY_FILE": "/dev/null"}, nil, "SMS_API_KEY_FILE"},
 		{"bad flag", nil, []string{"-concurrency", "x"}, "-concurrency"},
+		{"http without allow insecure", map[string]string{"SMS_API_ALLOW_INSECURE": "false"}, nil, "https"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			env := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:5432/x", "SMS_API_BASE": "http://127.0.0.1:9"}
+			env := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:5432/x", "SMS_API_BASE": "http://127.0.0.1:9", "SMS_API_ALLOW_INSECURE": "true"}
 			for k, v := range tt.env {
 				env[k] = v
 			}
@@ -117,7 +118,7 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 	}
 	env := map[string]string{
 		"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": "127.0.0.1:0",
-		"SMS_API_BASE": hs.URL, "SMS_API_KEY_FILE": keyFile, "SMS_API_TIMEOUT": "5s",
+		"SMS_API_BASE": hs.URL, "SMS_API_ALLOW_INSECURE": "true", "SMS_API_KEY_FILE": keyFile, "SMS_API_TIMEOUT": "5s",
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -150,7 +150,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	}
 	relayEnv := append(common[:len(common):len(common)], "RECONCILE_INTERVAL=2s", "RECONCILE_GRACE=40s")
 	senderEnv := append(common[:len(common):len(common)],
-		"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_KEY="+s.apiKey,
+		"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey,
 		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32")
 	for i := range 2 {
 		s.relays = append(s.relays, s.newSlot(fmt.Sprintf("relay-%d", i+1), "relay", relayEnv))
