@@ -403,7 +403,7 @@ func (e *env) startRelay(ctx context.Context) (time.Time, error) {
 // startSenders starts n senders at once and waits until every one has
 // started; it returns the time of the last start-up record.
 func (e *env) startSenders(ctx context.Context, n int) (time.Time, error) {
-	env := append(e.processEnv(), "SMS_API_BASE="+e.stubURL, "SMS_API_KEY="+e.b.apiKey,
+	env := append(e.processEnv(), "SMS_API_BASE="+e.stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+e.b.apiKey,
 		"SENDER_CONCURRENCY="+strconv.Itoa(e.b.cfg.concurrency))
 	var ps []*proc
 	for i := range n {

@@ -70,6 +70,7 @@ type config struct {
 	strict       bool
 	keepLogs     bool
 	relayRows    int
+	relays       int
 	pipeRows     int
 	senders      int
 	concurrency  int
@@ -101,6 +102,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	s.Bool(&c.strict, "strict", "BENCH_STRICT", false, "exit 1 when a figure misses its target")
 	s.Bool(&c.keepLogs, "keep-logs", "BENCH_KEEP_LOGS", false, "keep the processes' log directory")
 	s.Int(&c.relayRows, "rows", "BENCH_ROWS", 50_000, 1, 10_000_000, "relay: pending rows to drain")
+	s.Int(&c.relays, "relays", "BENCH_RELAYS", 1, 1, 16, "relay: relay processes sharing the backlog")
 	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline: pending rows to send")
 	s.Int(&c.senders, "senders", "BENCH_SENDERS", 2, 1, 32, "pipeline and latency: sender processes")
 	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight per sender")

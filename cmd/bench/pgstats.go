@@ -33,15 +33,22 @@ func (b *bench) samplePG(ctx context.Context) pgSample {
 
 // pgActivity is what Postgres did over a scenario, per message.
 type pgActivity struct {
-	Commits          int64   `json:"commits"`
-	CommitsPerMsg    float64 `json:"commits_per_msg"`
-	RowsUpdated      int64   `json:"rows_updated"`
-	RowsInserted     int64   `json:"rows_inserted"`
+	// Commits is how many transactions committed in the bench database,
+	// CommitsPerMsg the same per message.
+	Commits       int64   `json:"commits"`
+	CommitsPerMsg float64 `json:"commits_per_msg"`
+	// RowsUpdated and RowsInserted count row writes (outbox and attempts).
+	RowsUpdated  int64 `json:"rows_updated"`
+	RowsInserted int64 `json:"rows_inserted"`
+	// WALBytesPerMsg and WALRecordsPerMsg are the WAL written per message.
 	WALBytesPerMsg   float64 `json:"wal_bytes_per_msg"`
 	WALRecordsPerMsg float64 `json:"wal_records_per_msg"`
-	WALSyncs         int64   `json:"wal_syncs"`
-	WALFullPages     int64   `json:"wal_full_page_images"`
-	Note             string  `json:"note"`
+	// WALSyncs counts WAL flushes to disk (one per commit not grouped with
+	// another), WALFullPages the full-page images written.
+	WALSyncs     int64 `json:"wal_syncs"`
+	WALFullPages int64 `json:"wal_full_page_images"`
+	// Note says where the counters come from.
+	Note string `json:"note"`
 }
 
 func (s pgSample) since(start pgSample, msgs int) *pgActivity {

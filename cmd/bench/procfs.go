@@ -50,8 +50,11 @@ func (b *bench) sampleCPU() cpuSample {
 // cpuSplit is the CPU used between two samples, in cores (1.0 = one core
 // busy the whole time), by group.
 type cpuSplit struct {
-	Seconds float64            `json:"window_seconds"`
-	Cores   map[string]float64 `json:"cores"`
+	// Seconds is the length of the measured window.
+	Seconds float64 `json:"window_seconds"`
+	// Cores is the CPU used per group, in cores: relay, sender, smsstub,
+	// nats, postgres, bench, and other (the rest of the busy time).
+	Cores map[string]float64 `json:"cores"`
 	// MachineBusy is the share of all cores busy over the window, 0..1.
 	MachineBusy float64 `json:"machine_busy"`
 }

@@ -16,33 +16,45 @@ import (
 
 // report is everything a run measured; it is written to bench.json.
 type report struct {
-	Started   time.Time        `json:"started"`
-	Finished  time.Time        `json:"finished"`
-	Host      map[string]any   `json:"host"`
-	Config    map[string]any   `json:"config"`
-	Figures   []figure         `json:"figures"`
+	// Started and Finished bound the run, in UTC.
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	// Host describes the machine: CPUs, model, Go version, and how busy it
+	// was before the bench started.
+	Host map[string]any `json:"host"`
+	// Config is the sizes and settings the run used.
+	Config map[string]any `json:"config"`
+	// Figures are the rows of the table, in order.
+	Figures []figure `json:"figures"`
+	// Scenarios hold what each scenario measured besides its figures.
 	Scenarios []scenarioReport `json:"scenarios"`
 }
 
 // figure is one row of the table.
 type figure struct {
-	Scenario string  `json:"scenario"`
-	Name     string  `json:"figure"`
-	Value    float64 `json:"value"`
-	Unit     string  `json:"unit"`
-	// Op is ">=" or "<=" when the figure has a target, empty otherwise.
+	// Scenario and Name say what was measured.
+	Scenario string `json:"scenario"`
+	Name     string `json:"figure"`
+	// Value is the measurement, in Unit (rows/s, msg/s, ms, x, MB).
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit"`
+	// Op is ">=" or "<=" when the figure has a target, empty otherwise;
+	// Target is the bound, in Unit.
 	Op     string  `json:"op,omitempty"`
 	Target float64 `json:"target,omitempty"`
 	// Ratio says how far past the target the value is: value/target for
 	// ">=", target/value for "<="; 1 or more meets the target.
 	Ratio float64 `json:"ratio,omitempty"`
-	Met   *bool   `json:"met,omitempty"`
+	// Met says whether the target is met; nil without a target.
+	Met *bool `json:"met,omitempty"`
 }
 
 // scenarioReport is what one scenario (or one leg of the scale-out) saw.
 type scenarioReport struct {
+	// Name is the scenario (scaleout-N for a leg of the scale-out).
 	Name string `json:"name"`
-	Rows int    `json:"rows"`
+	// Rows is how many messages it moved.
+	Rows int `json:"rows"`
 	// CPU is the CPU used over the measured window, by process group.
 	CPU cpuSplit `json:"cpu"`
 	// Memory is every process's resident set at the end of the scenario.
@@ -201,7 +213,7 @@ func configJSON(c config) map[string]any {
 		}
 	}
 	return map[string]any{
-		"scenarios": only, "quick": c.quick, "relay_rows": c.relayRows, "pipeline_rows": c.pipeRows,
+		"scenarios": only, "quick": c.quick, "relay_rows": c.relayRows, "relays": c.relays, "pipeline_rows": c.pipeRows,
 		"senders": c.senders, "sender_concurrency": c.concurrency, "latency_rate": c.rate,
 		"latency_writers": c.writers, "latency_duration": c.duration.String(), "latency_warmup": c.warmup.String(),
 		"scale_rows_per_sender": c.scaleRows, "scale_senders": c.scaleSenders,
@@ -221,12 +233,16 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 
 // latencySummary is p50/p95/p99/max of a set of durations, in ms.
 type latencySummary struct {
-	N     int     `json:"n"`
-	P50   float64 `json:"p50_ms"`
-	P95   float64 `json:"p95_ms"`
-	P99   float64 `json:"p99_ms"`
-	Max   float64 `json:"max_ms"`
-	Below int     `json:"negative"`
+	// N is how many latencies were summarized.
+	N int `json:"n"`
+	// P50, P95, P99 and Max are in milliseconds (nearest rank).
+	P50 float64 `json:"p50_ms"`
+	P95 float64 `json:"p95_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+	// Below counts negative latencies (clock order inverted by scheduling);
+	// more than a few would make the figures suspect.
+	Below int `json:"negative"`
 }
 
 func summarize(ds []time.Duration) latencySummary {

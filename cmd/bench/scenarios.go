@@ -16,13 +16,16 @@ import (
 )
 
 // relayDrain: a backlog of pending rows, written before the relay starts,
-// drained to queued by one relay process.
+// drained to queued by one relay process (or -relays of them).
 //
-// The figure is exact without polling: every row of a batch gets the
-// batch transaction's now() as updated_at, and one relay runs its batches
-// one after the other, so between the first batch's start (min) and the
-// last batch's start (max) exactly the rows of all but the last batch were
-// claimed, published, acknowledged and committed.
+// With one relay the figure is exact without polling: every row of a batch
+// gets the batch transaction's now() as updated_at, and one relay runs its
+// batches one after the other, so between the first batch's start (min)
+// and the last batch's start (max) exactly the rows of all but the last
+// batch were claimed, published, acknowledged and committed. With several
+// relays the batches overlap; the clock then runs from the first batch's
+// start to the poll (every 10 ms once every row was published) that finds
+// no row pending.
 func (b *bench) relayDrain(ctx context.Context, rep *report) error {
 	n := b.cfg.relayRows
 	e, err := b.newEnv(ctx, "relay", -1)
@@ -34,18 +37,24 @@ func (b *bench) relayDrain(ctx context.Context, rep *report) error {
 	if err := b.copyRows(ctx, n, "pending"); err != nil {
 		return err
 	}
-	b.logf("[relay] %d pending rows written with COPY in %s; starting the relay", n, since(t))
+	b.logf("[relay] %d pending rows written with COPY in %s; starting %d relay(s)", n, since(t), b.cfg.relays)
 	sc, err := e.subscribe(false)
 	if err != nil {
 		return err
 	}
 	pg0, cpu0 := b.samplePG(ctx), b.sampleCPU()
-	started, err := e.startRelay(ctx)
-	if err != nil {
-		return err
+	var started time.Time
+	for i := range b.cfg.relays {
+		at, err := e.startRelay(ctx)
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			started = at
+		}
 	}
 	show, ticks := throttle(500*time.Millisecond), 0
-	err = b.waitUntil(ctx, 50*time.Millisecond, func() (bool, error) {
+	err = b.waitUntil(ctx, 10*time.Millisecond, func() (bool, error) {
 		pub := sc.n.Load()
 		if show() {
 			b.logf("[relay] %5.1fs  published %d of %d", time.Since(started).Seconds(), pub, n)
@@ -54,7 +63,7 @@ func (b *bench) relayDrain(ctx context.Context, rep *report) error {
 		// when the last batch committed (a claimed row reads pending until
 		// then). Every second the database is asked anyway.
 		ticks++
-		if pub < int64(n) && ticks%20 != 0 {
+		if pub < int64(n) && ticks%100 != 0 {
 			return false, nil
 		}
 		pending, err := b.countStatus(ctx, "pending")
@@ -80,18 +89,22 @@ func (b *bench) relayDrain(ctx context.Context, rep *report) error {
 		return fmt.Errorf("%d of %d rows queued", queued, n)
 	}
 	wall := done.Sub(started)
-	rate := float64(n) / wall.Seconds()
-	method := "wall clock from start-up (one batch only)"
-	if span := last.Sub(first); batches > 1 && span > 0 {
+	polled := float64(n) / done.Sub(first).Seconds()
+	rate, method := polled, "rows / (poll finding none pending - first batch start)"
+	if span := last.Sub(first); b.cfg.relays == 1 && batches > 1 && span > 0 {
 		rate = float64(n-lastBatch) / span.Seconds()
 		method = "(rows - last batch) / (last batch start - first batch start)"
 	}
-	b.logf("[relay] %d rows queued: %.0f rows/s over %d batches; %s from start-up to all queued (polled)", n, rate, batches, wall.Round(time.Millisecond))
+	b.logf("[relay] %d rows queued: %.0f rows/s over %d batches (polled: %.0f rows/s); %s from start-up to all queued", n, rate, batches, polled, wall.Round(time.Millisecond))
 	b.logf("[relay] cpu: %s", cpu)
-	rep.addTarget("relay", "drain pending->queued, 1 relay", rate, "rows/s", ">=", 30_000)
+	name := "drain pending->queued, 1 relay"
+	if b.cfg.relays > 1 {
+		name = fmt.Sprintf("drain pending->queued, %d relays", b.cfg.relays)
+	}
+	rep.addTarget("relay", name, rate, "rows/s", ">=", 30_000)
 	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: "relay", Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
-		"rows_per_second": rate, "method": method, "batches": batches,
-		"mean_batch_ms":           msPer(last.Sub(first), batches-1),
+		"rows_per_second": rate, "method": method, "rows_per_second_polled": polled, "relays": b.cfg.relays,
+		"batches": batches, "mean_batch_ms": msPer(last.Sub(first), batches-1),
 		"startup_to_all_queued_s": wall.Seconds(), "rows_per_second_incl_startup": float64(n) / wall.Seconds(),
 	}})
 	return nil
@@ -280,7 +293,7 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { sentAt[id] = at; return nil }); err != nil {
 		return fmt.Errorf("read sent times: %w", err)
 	}
-	sc.sub.Unsubscribe() //nolint:errcheck // the connection closes next
+	_ = sc.sub.Unsubscribe() // the connection closes next anyway
 	sc.mu.Lock()
 	queuedAt := sc.first
 	sc.mu.Unlock()
@@ -323,6 +336,9 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 		total, achieved, q.P50, q.P95, q.P99, s.P50, s.P95, s.P99)
 	b.logf("[latency] cpu: %s", cpu)
 	tag := fmt.Sprintf(" @%d/s", c.rate)
+	// The writers share the cores with everything else: when they fall
+	// behind, the latencies were measured at this lower rate.
+	rep.add("latency", fmt.Sprintf("inserts committed (paced at %d/s)", c.rate), achieved, "msg/s")
 	rep.add("latency", "commit->queued p50"+tag, q.P50, "ms")
 	rep.add("latency", "commit->queued p95"+tag, q.P95, "ms")
 	rep.addTarget("latency", "commit->queued p99"+tag, q.P99, "ms", "<=", 50)

@@ -162,7 +162,12 @@ func runMigrate(ctx context.Context, c config, down int, log *slog.Logger) error
 func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(startCtx, c.databaseURL)
+	poolCfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	forceCustomPlans(poolCfg)
+	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
@@ -288,4 +293,18 @@ func runAll(ctx context.Context, fns []func(context.Context) error) error {
 func withConn(c natsconn.Config, name string, publishWindow int, log *slog.Logger) natsconn.Config {
 	c.Name, c.PublishWindow, c.ConnectTimeout, c.Logger = name, publishWindow, 10*time.Second, log
 	return c
+}
+
+// forceCustomPlans makes Postgres plan each execution of a prepared statement
+// for its parameters. A generic plan made while the table was small or never
+// analyzed scans the whole table; measured by make bench: 85-108M tuples
+// seq-scanned per run without it, 65-83k with it, and 30% less Postgres CPU
+// per message.
+func forceCustomPlans(cfg *pgxpool.Config) {
+	if cfg.ConnConfig.RuntimeParams == nil {
+		cfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
 }

@@ -182,6 +182,14 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	// One connection per claim and status-write loop, plus headroom.
 	poolCfg.MaxConns = max(poolCfg.MaxConns, 8)
+	// Plans per execution: a generic plan made on a small table scans it
+	// whole later (measured by make bench; see cmd/relay).
+	if poolCfg.ConnConfig.RuntimeParams == nil {
+		poolCfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	if _, set := poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)

@@ -63,9 +63,21 @@ func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, seqs []int64) (
 	}
 	tag, err := tx.Exec(ctx, `UPDATE sms_outbox o SET status = 'queued', stream_seq = v.seq, updated_at = now()
 		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, seq)
-		WHERE o.id = v.id AND o.status = 'pending'`, ids, seqs)
+		WHERE o.id = v.id AND o.status = 'pending'`, uuidArray(ids), seqs)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: mark queued: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// uuidArray returns ids as [16]byte values, which pgx encodes directly in
+// binary. uuid.UUID is a driver.Valuer, so pgx would otherwise encode each
+// element as text, fail, build an error with fmt, parse the text back and
+// encode again.
+func uuidArray(ids []uuid.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
 }

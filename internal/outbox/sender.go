@@ -85,7 +85,7 @@ SELECT want.id, cur.status, cur.updated_at, cur.next_attempt_at, upd.id IS NOT N
        now()
 FROM want
 LEFT JOIN cur ON cur.id = want.id
-LEFT JOIN upd ON upd.id = want.id`, ids, lease)
+LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
 		var (
 			c         Claim
@@ -241,7 +241,7 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 			SET status = 'sent', provider_ref = v.ref, last_error = NULL, updated_at = now()
 			FROM unnest($1::uuid[], $2::text[]) AS v(id, ref)
 			WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')
-			RETURNING o.id`, sentIDs, refs); err != nil {
+			RETURNING o.id`, uuidArray(sentIDs), refs); err != nil {
 			return nil, err
 		}
 	}
@@ -250,7 +250,7 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now()
 			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[]) AS v(id, err, at, attempt)
 			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt
-			RETURNING o.id`, retryIDs, retryErrs, retryAt, retryAtt); err != nil {
+			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt); err != nil {
 			return nil, err
 		}
 	}
@@ -259,7 +259,7 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 			SET status = v.status, last_error = v.err, updated_at = now()
 			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[]) AS v(id, status, err, attempt)
 			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt
-			RETURNING o.id`, endIDs, endStatus, endErrs, endAtt); err != nil {
+			RETURNING o.id`, uuidArray(endIDs), endStatus, endErrs, endAtt); err != nil {
 			return nil, err
 		}
 	}
@@ -317,7 +317,7 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt) error {
 		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
 		SELECT * FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
 		                     $6::int[], $7::int[], $8::text[], $9::text[])`,
-		ids, numbers, started, latency, outcomes, statuses, codes, errs, senders)
+		uuidArray(ids), numbers, started, latency, outcomes, statuses, codes, errs, senders)
 	if err != nil {
 		return fmt.Errorf("outbox: record attempts: %w", err)
 	}

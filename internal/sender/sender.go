@@ -202,7 +202,10 @@ func (s *Sender) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sender: start consuming: %w", err)
 	}
-	in := make(chan jetstream.Msg)
+	// Buffered: while the claim loop waits for the database, the reader
+	// keeps moving fetched messages here, and the next claim takes them all
+	// in one statement instead of one claim per message.
+	in := make(chan jetstream.Msg, s.cfg.ClaimBatch)
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
@@ -226,6 +229,10 @@ func (s *Sender) Run(ctx context.Context) error {
 	// be written.
 	it.Drain()
 	<-readerDone
+	// Handed to the claim loop but never claimed: back for another sender.
+	for len(in) > 0 {
+		_ = (<-in).Nak()
+	}
 	workers.Wait()
 	close(results)
 	<-writerDone

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestPercentile(t *testing.T) {
+	t.Parallel()
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- { // summarize sorts
+		ds = append(ds, ms(i))
+	}
+	s := summarize(ds)
+	if s.N != 100 || s.P50 != 50 || s.P95 != 95 || s.P99 != 99 || s.Max != 100 || s.Below != 0 {
+		t.Fatalf("summarize(1..100ms) = %+v", s)
+	}
+	if got := percentile(nil, 99); got != 0 {
+		t.Fatalf("percentile(none) = %s", got)
+	}
+	if got := percentile([]time.Duration{ms(7)}, 1); got != ms(7) {
+		t.Fatalf("percentile(one, 1) = %s", got)
+	}
+	if s := summarize([]time.Duration{-ms(1), ms(2)}); s.Below != 1 {
+		t.Fatalf("negative latencies not counted: %+v", s)
+	}
+}
+
+func TestSteadyRate(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// 1000 rows, one per ms, from t0: 1000 rows/s throughout.
+	var sent []time.Time
+	for i := range 1000 {
+		sent = append(sent, t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	rate, method := steadyRate(sent, t0.Add(100*time.Millisecond), t0)
+	if rate < 990 || rate > 1010 || !strings.HasPrefix(method, "steady") {
+		t.Fatalf("steadyRate = %.0f (%s), want 1000 over the steady window", rate, method)
+	}
+	// A window too short falls back to the whole span.
+	rate, method = steadyRate(sent, t0.Add(900*time.Millisecond), t0)
+	if rate < 990 || rate > 1010 || strings.HasPrefix(method, "steady") {
+		t.Fatalf("steadyRate = %.0f (%s), want 1000 over the whole span", rate, method)
+	}
+	if rate, _ := steadyRate(nil, t0, t0); rate != 0 {
+		t.Fatalf("steadyRate(none) = %f", rate)
+	}
+}
+
+func TestBackendDatabase(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		title, db string
+		ok        bool
+	}{
+		{"postgres: 15/main: postgres sendonce_bench 127.0.0.1(58916) idle\x00\x00", "sendonce_bench", true},
+		{"postgres: postgres other_db [local] SELECT", "other_db", true},
+		{"postgres: 15/main: walwriter", "", false},
+		{"postgres: 15/main: logical replication launcher", "", false},
+		{"/usr/lib/postgresql/15/bin/postgres\x00-D\x00/var/lib/postgresql/15/main", "", false},
+	}
+	for _, tt := range tests {
+		db, ok := backendDatabase(tt.title)
+		if db != tt.db || ok != tt.ok {
+			t.Errorf("backendDatabase(%q) = %q, %v; want %q, %v", tt.title, db, ok, tt.db, tt.ok)
+		}
+	}
+}
+
+func TestFigures(t *testing.T) {
+	t.Parallel()
+	r := &report{}
+	r.addTarget("relay", "drain", 45000, "rows/s", ">=", 30000)
+	r.addTarget("latency", "p99", 100, "ms", "<=", 50)
+	r.addTarget("latency", "p99 zero", 0, "ms", "<=", 50)
+	r.add("scaleout", "info", 612.4, "msg/s")
+	if r.Figures[0].Ratio != 1.5 || !*r.Figures[0].Met {
+		t.Errorf("floor: %+v", r.Figures[0])
+	}
+	if r.Figures[1].Ratio != 0.5 || *r.Figures[1].Met {
+		t.Errorf("ceiling: %+v", r.Figures[1])
+	}
+	if !*r.Figures[2].Met {
+		t.Errorf("a zero latency meets a ceiling: %+v", r.Figures[2])
+	}
+	if r.missed() != 1 {
+		t.Errorf("missed = %d, want 1", r.missed())
+	}
+	var out bytes.Buffer
+	printTable(&out, r)
+	for _, want := range []string{"45,000 rows/s", ">= 30,000 rows/s", "1.50  ok", "0.50  MISSED", "612 msg/s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestMemoryFigures(t *testing.T) {
+	t.Parallel()
+	r := &report{Scenarios: []scenarioReport{
+		{Name: "relay", Memory: map[string]memory{"relay-relay": {PeakMB: 20}, "relay-nats": {PeakMB: 90}}},
+		{Name: "pipeline", Memory: map[string]memory{"pipeline-relay": {PeakMB: 25}, "pipeline-sender-2": {PeakMB: 30}}},
+	}}
+	r.addMemoryFigures()
+	if len(r.Figures) != 2 || r.Figures[0].Value != 25 || r.Figures[1].Value != 30 {
+		t.Fatalf("memory figures = %+v", r.Figures)
+	}
+}
+
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	env := func(string) string { return "" }
+	if code := run(t.Context(), []string{"bench", "-only", "nope"}, env, io.Discard, io.Discard); code != 2 {
+		t.Errorf("unknown scenario: exit %d, want 2", code)
+	}
+	if code := run(t.Context(), []string{"bench", "-h"}, env, io.Discard, io.Discard); code != 0 {
+		t.Errorf("-h: exit %d, want 0", code)
+	}
+	sel, err := parseOnly("memory")
+	if err != nil || !sel["relay"] || !sel["pipeline"] || sel["latency"] {
+		t.Errorf("parseOnly(memory) = %v, %v; want the relay and pipeline loads", sel, err)
+	}
+	var stderr bytes.Buffer
+	code := run(t.Context(), []string{"bench", "-database-url", "postgres://postgres@127.0.0.1:5432/production", "-bin", t.TempDir(), "-out", ""}, env, io.Discard, &stderr)
+	if code != 1 {
+		t.Errorf("missing binaries: exit %d, want 1", code)
+	}
+}
+
+func TestRefusesForeignDatabase(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, bin := range []string{"relay", "sender", "smsstub"} {
+		writeExecutable(t, dir+"/"+bin)
+	}
+	var stderr bytes.Buffer
+	code := run(t.Context(), []string{"bench", "-database-url", "postgres://postgres@127.0.0.1:5432/production", "-bin", dir, "-out", ""}, func(string) string { return "" }, io.Discard, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), `must be a postgres:// URL naming a database whose name contains "bench"`) {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
+	}
+}
+
+func writeExecutable(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
