@@ -333,15 +333,17 @@ func scrub(s string) string {
 	// Invalid bytes become U+FFFD first: dropping them could join two short
 	// digit runs into a number.
 	s = strings.ToValidUTF8(s, "\uFFFD")
+	// Control characters (NUL above all: Postgres refuses it in text)
+	// become spaces before numbers are looked for, so that a number split
+	// by one is still found.
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
 	var b strings.Builder
 	for i := 0; i < len(s); {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			// Control characters (NUL above all: Postgres refuses it in
-			// text) become spaces.
-			b.WriteByte(' ')
-			i++
-			continue
-		}
 		if !isDigit(s[i]) {
 			b.WriteByte(s[i])
 			i++
