@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -352,8 +354,8 @@ func TestChaosPostgresConnectionsCut(t *testing.T) {
 	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{Latency: 5 * time.Millisecond}}})
 	e.auditStatuses()
 	cfg := e.pool.Config().ConnConfig
-	pgProxy := toxictest.New(t, cfg.Host+":"+itoa(int(cfg.Port)))
-	proxied := strings.Replace(e.dbURL(), cfg.Host+":"+itoa(int(cfg.Port)), pgProxy.Addr(), 1)
+	pgProxy := toxictest.New(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	proxied := strings.Replace(e.dbURL(), net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), pgProxy.Addr(), 1)
 	if proxied == e.dbURL() {
 		t.Fatalf("could not point %q at the proxy", e.dbURL())
 	}

@@ -356,8 +356,6 @@ func providerMessage(id uuid.UUID, to, body string) provider.Message {
 	return provider.Message{Key: id.String(), To: to, Body: body}
 }
 
-func errf(format string, args ...any) error { return fmt.Errorf(format, args...) }
-
 func newPool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), url)
@@ -403,8 +401,6 @@ func waitAllTerminal(t *testing.T, pool *pgxpool.Pool, n int, d time.Duration) m
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
-func itoa(n int) string { return fmt.Sprint(n) }
 
 func connectURL(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,6 +15,24 @@ import (
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
 )
+
+// crashedAfterAccept inserts one row that a sender was calling when it
+// died: the provider delivered it, its lease expired, its message is back on
+// the stream; with spent, that was the row's last attempt.
+func (e *env) crashedAfterAccept(t *testing.T, lease time.Duration, spent bool) []uuid.UUID {
+	t.Helper()
+	ids := e.insert(1)
+	if err := e.deliverDirectly(ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	e.crashedMidCall(t, ids[0], lease)
+	if spent {
+		if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET attempt_count = max_attempts WHERE id = $1`, ids[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
 
 // crashedMidCall leaves id as a sender that died between the provider's
 // accept and its status write would: the provider delivered it, the row is
@@ -36,13 +55,8 @@ func (e *env) crashedMidCall(t *testing.T, id uuid.UUID, lease time.Duration) {
 func TestSenderDiedAfterAcceptIdempotentProviderReplays(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{})
-	ids := e.insert(1)
-	// The first attempt reached the provider and was accepted.
-	if err := e.deliverDirectly(ids[0]); err != nil {
-		t.Fatal(err)
-	}
 	lease := 2 * time.Second
-	e.crashedMidCall(t, ids[0], lease)
+	ids := e.crashedAfterAccept(t, lease, false)
 	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
 	rows := e.waitTerminal(ids, 30*time.Second)
 	r := rows[ids[0]]
@@ -62,12 +76,8 @@ func TestSenderDiedAfterAcceptIdempotentProviderReplays(t *testing.T) {
 func TestSenderDiedAfterAcceptNonIdempotentProviderEndsUnknown(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
-	ids := e.insert(1)
-	if err := e.deliverDirectly(ids[0]); err != nil {
-		t.Fatal(err)
-	}
 	lease := 2 * time.Second
-	e.crashedMidCall(t, ids[0], lease)
+	ids := e.crashedAfterAccept(t, lease, false)
 	no := false
 	e.startSender(senderOptions{timeout: 500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
 	rows := e.waitTerminal(ids, 30*time.Second)
@@ -137,7 +147,7 @@ func (e *env) deliverDirectly(id uuid.UUID) error {
 	}
 	out := c.Send(context.Background(), providerMessage(id, to, body))
 	if out.Ref == "" {
-		return errf("direct delivery: %s", out.Error())
+		return fmt.Errorf("direct delivery: %s", out.Error())
 	}
 	return nil
 }
@@ -148,15 +158,8 @@ func (e *env) deliverDirectly(id uuid.UUID) error {
 func TestDiedOnTheLastAttemptNonIdempotentEndsUnknown(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
-	ids := e.insert(1)
-	if err := e.deliverDirectly(ids[0]); err != nil {
-		t.Fatal(err)
-	}
 	lease := 2 * time.Second
-	e.crashedMidCall(t, ids[0], lease)
-	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET attempt_count = max_attempts WHERE id = $1`, ids[0]); err != nil {
-		t.Fatal(err)
-	}
+	ids := e.crashedAfterAccept(t, lease, true)
 	no := false
 	e.startSender(senderOptions{timeout: 500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
 	rows := e.waitTerminal(ids, 30*time.Second)
@@ -173,15 +176,8 @@ func TestDiedOnTheLastAttemptNonIdempotentEndsUnknown(t *testing.T) {
 func TestDiedOnTheLastAttemptIdempotentLearnsTheOutcome(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{})
-	ids := e.insert(1)
-	if err := e.deliverDirectly(ids[0]); err != nil {
-		t.Fatal(err)
-	}
 	lease := 2 * time.Second
-	e.crashedMidCall(t, ids[0], lease)
-	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET attempt_count = max_attempts WHERE id = $1`, ids[0]); err != nil {
-		t.Fatal(err)
-	}
+	ids := e.crashedAfterAccept(t, lease, true)
 	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
 	rows := e.waitTerminal(ids, 30*time.Second)
 	if r := rows[ids[0]]; r.status != outbox.StatusSent {

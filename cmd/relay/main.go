@@ -26,6 +26,7 @@ import (
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/telemetry"
@@ -162,11 +163,10 @@ func runMigrate(ctx context.Context, c config, down int, log *slog.Logger) error
 func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	poolCfg, err := pgxpool.ParseConfig(c.databaseURL)
+	poolCfg, err := outbox.PoolConfig(c.databaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	forceCustomPlans(poolCfg)
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
@@ -204,7 +204,7 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 		return err
 	}
 	if c.httpAddr != "" {
-		srv, err := telemetry.Listen(c.httpAddr, reg, func(ctx context.Context) error {
+		stopHTTP, err := telemetry.Start(c.httpAddr, reg, func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
 				return fmt.Errorf("postgres: %w", err)
 			}
@@ -213,16 +213,7 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("HTTP_ADDR: %w", err)
 		}
-		go func() {
-			if err := srv.Serve(); err != nil {
-				log.Error("http server failed", "err", err)
-			}
-		}()
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
+		defer stopHTTP()
 	}
 	var rec *relay.Reconciler
 	if c.reconcile {
@@ -293,18 +284,4 @@ func runAll(ctx context.Context, fns []func(context.Context) error) error {
 func withConn(c natsconn.Config, name string, publishWindow int, log *slog.Logger) natsconn.Config {
 	c.Name, c.PublishWindow, c.ConnectTimeout, c.Logger = name, publishWindow, 10*time.Second, log
 	return c
-}
-
-// forceCustomPlans makes Postgres plan each execution of a prepared statement
-// for its parameters. A generic plan made while the table was small or never
-// analyzed scans the whole table; measured by make bench: 85-108M tuples
-// seq-scanned per run without it, 65-83k with it, and 30% less Postgres CPU
-// per message.
-func forceCustomPlans(cfg *pgxpool.Config) {
-	if cfg.ConnConfig.RuntimeParams == nil {
-		cfg.ConnConfig.RuntimeParams = map[string]string{}
-	}
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
-	}
 }

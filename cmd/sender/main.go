@@ -23,6 +23,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -176,20 +177,12 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	poolCfg, err := pgxpool.ParseConfig(c.databaseURL)
+	poolCfg, err := outbox.PoolConfig(c.databaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	// One connection per claim and status-write loop, plus headroom.
 	poolCfg.MaxConns = max(poolCfg.MaxConns, 8)
-	// Plans per execution: a generic plan made on a small table scans it
-	// whole later (measured by make bench; see cmd/relay).
-	if poolCfg.ConnConfig.RuntimeParams == nil {
-		poolCfg.ConnConfig.RuntimeParams = map[string]string{}
-	}
-	if _, set := poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
-		poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
-	}
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
@@ -225,7 +218,7 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 		return err
 	}
 	if c.httpAddr != "" {
-		srv, err := telemetry.Listen(c.httpAddr, reg, func(ctx context.Context) error {
+		stopHTTP, err := telemetry.Start(c.httpAddr, reg, func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
 				return fmt.Errorf("postgres: %w", err)
 			}
@@ -234,16 +227,7 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("HTTP_ADDR: %w", err)
 		}
-		go func() {
-			if err := srv.Serve(); err != nil {
-				log.Error("http server failed", "err", err)
-			}
-		}()
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
+		defer stopHTTP()
 	}
 	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout)
 

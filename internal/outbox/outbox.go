@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // State is the status of an outbox row (the table's status column).
@@ -168,4 +169,24 @@ func Status(ctx context.Context, q Querier, id uuid.UUID) (MessageStatus, error)
 		r.LastError = *lastErr
 	}
 	return r, nil
+}
+
+// PoolConfig parses dsn into a pool config for the statements of this
+// package: each execution of a prepared statement is planned for its
+// parameters (plan_cache_mode=force_custom_plan, unless the DSN sets it). A
+// generic plan made while the table was small or never analyzed scans the
+// whole table later; measured by make bench: ~100M tuples seq-scanned per
+// run without it, ~70k with it, and 30% less Postgres CPU per message.
+func PoolConfig(dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ConnConfig.RuntimeParams == nil {
+		cfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
+	return cfg, nil
 }

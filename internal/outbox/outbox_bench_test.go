@@ -166,7 +166,8 @@ func BenchmarkWriteResults(b *testing.B) {
 				var n int64
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					var err error
-					n, err = outbox.WriteResults(ctx, tx, results, attempts)
+					applied, err := outbox.ApplyResults(ctx, tx, results, attempts)
+					n = int64(len(applied))
 					return err
 				})
 				if err != nil {

@@ -290,7 +290,8 @@ func TestWriteResultsGuards(t *testing.T) {
 		var n int64
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
-			n, err = outbox.WriteResults(ctx, tx, rs, nil)
+			applied, err := outbox.ApplyResults(ctx, tx, rs, nil)
+			n = int64(len(applied))
 			return err
 		})
 		if err != nil {

@@ -176,13 +176,6 @@ type Attempt struct {
 	Sender string
 }
 
-// WriteResults writes a batch of attempt outcomes and returns how many rows
-// changed; see ApplyResults.
-func WriteResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []Attempt) (int64, error) {
-	applied, err := ApplyResults(ctx, tx, results, attempts)
-	return int64(len(applied)), err
-}
-
 // ApplyResults writes a batch of attempt outcomes in three statements and
 // returns the ids whose write applied. Each write is guarded so it never
 // moves a row backwards: sent is written over any non-terminal status (the

@@ -142,22 +142,17 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*r.cfg.DBTimeout)
 	defer cancel()
+	// Each lookup fetches the info it caches: one request each per pass.
 	cons, err := r.cfg.JetStream.Consumer(ctx, r.cfg.Stream, r.cfg.Consumer)
 	if err != nil {
 		return 0, fmt.Errorf("look up consumer: %w", err)
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("consumer info: %w", err)
-	}
+	info := cons.CachedInfo()
 	stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
 	if err != nil {
 		return 0, fmt.Errorf("look up stream: %w", err)
 	}
-	sinfo, err := stream.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("stream info: %w", err)
-	}
+	sinfo := stream.CachedInfo()
 	tx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)

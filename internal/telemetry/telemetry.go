@@ -90,3 +90,22 @@ func (s *Server) Serve() error {
 
 // Shutdown stops the server within ctx.
 func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+// Start binds addr, serves in the background (a serving error is logged) and
+// returns the function that shuts the server down within 5 s.
+func Start(addr string, gatherer prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) (stop func(), err error) {
+	srv, err := Listen(addr, gatherer, ready, log)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		if err := srv.Serve(); err != nil {
+			log.Error("http server failed", "err", err)
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
