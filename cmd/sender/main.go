@@ -201,8 +201,12 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 		return err
 	}
 	if c.ensureTopo {
-		if err := topo.Ensure(startCtx, js); err != nil {
+		changed, err := topo.Ensure(startCtx, js)
+		if err != nil {
 			return err
+		}
+		for _, c := range changed {
+			log.Info("nats topology", "change", c)
 		}
 	} else if err := topo.Check(startCtx, js); err != nil {
 		return fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)

@@ -108,7 +108,7 @@ func (s *Server) EnsureTopology(t testing.TB) *streams.Topology {
 	_, js := s.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := topo.Ensure(ctx, js); err != nil {
+	if _, err := topo.Ensure(ctx, js); err != nil {
 		t.Fatalf("natstest: ensure topology: %v", err)
 	}
 	return topo

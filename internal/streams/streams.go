@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -119,13 +120,26 @@ func (t *Topology) Consumer(stream, name string) (jetstream.ConsumerConfig, erro
 	return jetstream.ConsumerConfig{}, fmt.Errorf("consumer %q of stream %q is not defined", name, stream)
 }
 
-// Ensure creates or updates every stream and consumer of t, so that a fresh
-// NATS server needs no manual step. It is idempotent, and safe when several
+// Ensure creates every stream and consumer of t that is missing and updates
+// those whose server config differs from a field t declares, so that a fresh
+// NATS server needs no manual step. It returns what it created or updated,
+// one "stream NAME" or "consumer STREAM/NAME" each with the verb; nothing
+// when the server already matches. It is idempotent, and safe when several
 // processes run it at once.
-func (t *Topology) Ensure(ctx context.Context, js jetstream.JetStream) error {
+//
+// It sends no update that would not change anything: nats-server 2.15.2 rewrites
+// the stream's store config on every update, even an identical one, without
+// the lock a concurrent consumer create reads it under (the race detector
+// caught it when a relay and two senders started together).
+func (t *Topology) Ensure(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	var changed []string
 	for _, cfg := range t.Streams {
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("create or update stream %s: %w", cfg.Name, err)
+		what, err := ensureStream(ctx, js, cfg)
+		if err != nil {
+			return changed, fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+		if what != "" {
+			changed = append(changed, what+" stream "+cfg.Name)
 		}
 	}
 	streamNames := make([]string, 0, len(t.Consumers))
@@ -135,12 +149,104 @@ func (t *Topology) Ensure(ctx context.Context, js jetstream.JetStream) error {
 	sort.Strings(streamNames)
 	for _, s := range streamNames {
 		for _, cfg := range t.Consumers[s] {
-			if _, err := js.CreateOrUpdateConsumer(ctx, s, cfg); err != nil {
-				return fmt.Errorf("create or update consumer %s on stream %s: %w", cfg.Durable, s, err)
+			what, err := ensureConsumer(ctx, js, s, cfg)
+			if err != nil {
+				return changed, fmt.Errorf("consumer %s on stream %s: %w", cfg.Durable, s, err)
+			}
+			if what != "" {
+				changed = append(changed, what+" consumer "+s+"/"+cfg.Durable)
 			}
 		}
 	}
-	return nil
+	return changed, nil
+}
+
+// ensureStream returns "created", "updated" or "" when the server matched.
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (string, error) {
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err = js.CreateStream(ctx, cfg); err == nil {
+			return "created", nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return "", fmt.Errorf("create: %w", err)
+		}
+		// Another process created it first, maybe from another config.
+		s, err = js.Stream(ctx, cfg.Name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up: %w", err)
+	}
+	same, err := declaredMatch(cfg, s.CachedInfo().Config)
+	if err != nil || same {
+		return "", err
+	}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return "", fmt.Errorf("update: %w", err)
+	}
+	return "updated", nil
+}
+
+// ensureConsumer returns "created", "updated" or "" when the server matched.
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (string, error) {
+	c, err := js.Consumer(ctx, stream, cfg.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if _, err = js.CreateConsumer(ctx, stream, cfg); err == nil {
+			return "created", nil
+		}
+		if !errors.Is(err, jetstream.ErrConsumerExists) {
+			return "", fmt.Errorf("create: %w", err)
+		}
+		c, err = js.Consumer(ctx, stream, cfg.Durable)
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up: %w", err)
+	}
+	same, err := declaredMatch(cfg, c.CachedInfo().Config)
+	if err != nil || same {
+		return "", err
+	}
+	if _, err := js.UpdateConsumer(ctx, stream, cfg); err != nil {
+		return "", fmt.Errorf("update: %w", err)
+	}
+	return "updated", nil
+}
+
+// declaredMatch reports whether every field that want sets in its JSON form
+// has the same value in have. Fields want leaves out keep the server's
+// defaults, and keys the server adds to a map (metadata) are not compared.
+func declaredMatch(want, have any) (bool, error) {
+	var w, h map[string]any
+	for _, x := range []struct {
+		v   any
+		dst *map[string]any
+	}{{want, &w}, {have, &h}} {
+		b, err := json.Marshal(x.v)
+		if err != nil {
+			return false, err
+		}
+		if err := json.Unmarshal(b, x.dst); err != nil {
+			return false, err
+		}
+	}
+	return subset(w, h), nil
+}
+
+func subset(want, have any) bool {
+	wm, ok := want.(map[string]any)
+	if !ok {
+		return reflect.DeepEqual(want, have)
+	}
+	hm, ok := have.(map[string]any)
+	if !ok {
+		return false
+	}
+	for k, v := range wm {
+		if !subset(v, hm[k]) {
+			return false
+		}
+	}
+	return true
 }
 
 // Check reports an error unless every stream of t exists; it serves readiness

@@ -2,6 +2,9 @@ package streams_test
 
 import (
 	"context"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -92,10 +95,17 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 	if err := topo.Check(ctx, js); err == nil {
 		t.Fatal("Check passed on an empty server")
 	}
-	for range 2 {
-		if err := topo.Ensure(ctx, js); err != nil {
-			t.Fatal(err)
-		}
+	changed, err := topo.Ensure(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCreated := []string{"created stream SMS", "created stream SMS_DLQ", "created consumer SMS/senders"}
+	if !slices.Equal(changed, wantCreated) {
+		t.Fatalf("first Ensure = %q, want %q", changed, wantCreated)
+	}
+	// A second start-up against a matching server sends no update at all.
+	if changed, err := topo.Ensure(ctx, js); err != nil || len(changed) != 0 {
+		t.Fatalf("second Ensure = %q, %v; want no change", changed, err)
 	}
 	if err := topo.Check(ctx, js); err != nil {
 		t.Fatal(err)
@@ -116,9 +126,57 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 	if got := cons.CachedInfo().Config; got.MaxDeliver != wantC.MaxDeliver || got.AckWait != wantC.AckWait || got.MaxAckPending != wantC.MaxAckPending {
 		t.Fatalf("server consumer config = %+v", got)
 	}
-	// A config change is applied by the next start-up.
+	// A config change is applied by the next start-up, and only to what changed.
 	topo.Streams[0].Description = "changed"
-	if err := topo.Ensure(ctx, js); err != nil {
+	topo.Consumers[streams.Stream][0].MaxAckPending = 100
+	changed, err = topo.Ensure(ctx, js)
+	if want := []string{"updated stream SMS", "updated consumer SMS/senders"}; err != nil || !slices.Equal(changed, want) {
+		t.Fatalf("Ensure after a change = %q, %v; want %q", changed, err, want)
+	}
+	if cons, err = js.Consumer(ctx, streams.Stream, streams.Consumer); err != nil || cons.CachedInfo().Config.MaxAckPending != 100 {
+		t.Fatalf("consumer after update: %v", err)
+	}
+}
+
+// Relays and senders start together on a fresh server: every Ensure succeeds,
+// the topology is created, and nothing is updated. (Two racers may both see
+// their create succeed: the server answers an identical create with the
+// existing stream.)
+func TestEnsureConcurrentStartUps(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	topo, err := streams.Default()
+	if err != nil {
 		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 6
+	results := make([][]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		_, js := srv.Connect(t)
+		wg.Go(func() { results[i], errs[i] = topo.Ensure(ctx, js) })
+	}
+	wg.Wait()
+	counts := map[string]int{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("Ensure %d: %v", i, errs[i])
+		}
+		for _, c := range results[i] {
+			counts[c]++
+		}
+	}
+	for c := range counts {
+		if !strings.HasPrefix(c, "created ") {
+			t.Errorf("a concurrent start-up did %q", c)
+		}
+	}
+	for _, c := range []string{"created stream SMS", "created stream SMS_DLQ", "created consumer SMS/senders"} {
+		if counts[c] == 0 {
+			t.Errorf("no start-up reported %q (all: %v)", c, counts)
+		}
 	}
 }
