@@ -233,7 +233,7 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 		}
 		defer stopHTTP()
 	}
-	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout)
+	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout.String())
 
 	done := make(chan error, 1)
 	go func() { done <- snd.Run(ctx) }()
