@@ -215,6 +215,12 @@ func TestGracefulShutdownAndLogScan(t *testing.T) {
 	if strings.Contains(all, apiKey) {
 		t.Fatal("a log line contains the API key")
 	}
+	for line := range strings.Lines(all) {
+		if strings.Count(line, `"component":`) > 1 {
+			t.Errorf("a log line names its component twice: %s", line)
+			break
+		}
+	}
 	for _, component := range []string{`"component":"relay"`, `"component":"sender"`} {
 		if !strings.Contains(all, component) {
 			t.Errorf("no log line has %s", component)

@@ -115,12 +115,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "%s: configuration: %v\n", name, err)
 		return 2
 	}
-	log, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
+	root, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	log = log.With("component", "relay")
+	// The packages name their own component (relay, reconciler, retention,
+	// sender) on root; this logger is for the command's own lines.
+	log := root.With("component", "relay")
 	if migrateMode {
 		if err := runMigrate(ctx, c, down, log); err != nil {
 			log.Error("migrate failed", "err", err)
@@ -128,7 +130,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return 0
 	}
-	if err := runRelay(ctx, c, log); err != nil {
+	if err := runRelay(ctx, c, root, log); err != nil {
 		log.Error("relay failed", "err", err)
 		return 1
 	}
@@ -160,7 +162,9 @@ func runMigrate(ctx context.Context, c config, down int, log *slog.Logger) error
 	return err
 }
 
-func runRelay(ctx context.Context, c config, log *slog.Logger) error {
+// root goes to the packages, which name their component on it; log is
+// the command's own.
+func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	poolCfg, err := outbox.PoolConfig(c.databaseURL)
@@ -202,7 +206,7 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	r, err := relay.New(relay.Config{
 		Pool: pool, JetStream: js, BatchSize: c.batchSize, PublishWindow: c.publishWindow,
 		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.dbTimeout,
-		Logger: log, Registerer: reg,
+		Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -223,7 +227,7 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	if c.reconcile {
 		rec, err = relay.NewReconciler(relay.ReconcilerConfig{
 			Pool: pool, JetStream: js, Interval: c.reconcileInt, Grace: c.reconcileAge,
-			DBTimeout: c.dbTimeout, Logger: log, Registerer: reg,
+			DBTimeout: c.dbTimeout, Logger: root, Registerer: reg,
 		})
 		if err != nil {
 			return err
@@ -238,7 +242,7 @@ func runRelay(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	if c.retention > 0 {
 		ret, err := relay.NewRetention(relay.RetentionConfig{
-			Pool: pool, Age: c.retention, Interval: c.retentionInt, DBTimeout: c.dbTimeout, Logger: log, Registerer: reg,
+			Pool: pool, Age: c.retention, Interval: c.retentionInt, DBTimeout: c.dbTimeout, Logger: root, Registerer: reg,
 		})
 		if err != nil {
 			return err

@@ -143,20 +143,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "sender: configuration: %v\n", err)
 		return 2
 	}
-	log, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
+	root, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "sender: %v\n", err)
 		return 2
 	}
-	log = log.With("component", "sender")
-	if err := runSender(ctx, c, log); err != nil {
+	// The packages name their own component (relay, reconciler, retention,
+	// sender) on root; this logger is for the command's own lines.
+	log := root.With("component", "sender")
+	if err := runSender(ctx, c, root, log); err != nil {
 		log.Error("sender failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func runSender(ctx context.Context, c config, log *slog.Logger) error {
+// root goes to the packages, which name their component on it; log is
+// the command's own.
+func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	codes, _ := parseCodes(c.permanentCodes)
 	var prov *provider.Client
 	var err error
@@ -216,7 +220,7 @@ func runSender(ctx context.Context, c config, log *slog.Logger) error {
 	snd, err := sender.New(sender.Config{
 		Pool: pool, JetStream: js, Provider: prov, Concurrency: c.concurrency,
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.dbTimeout,
-		Logger: log, Registerer: reg,
+		Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err

@@ -454,6 +454,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	case provider.Retry:
 		record("retry", out, out.Error())
 		if c.Attempt >= c.MaxAttempts || s.lastDelivery(m) {
+			log.Warn("attempts exhausted", "max_attempts", c.MaxAttempts, "http_status", out.HTTPStatus, "provider_code", out.Code)
 			finish(outbox.StatusDead, wire.ReasonMaxAttempts, fmt.Sprintf("attempts exhausted (%d of %d); last: %s", c.Attempt, c.MaxAttempts, out.Error()), out.Code)
 			return
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -70,9 +71,12 @@ func TestNewLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	log.With("component", "relay").Debug("hidden")
-	log.With("component", "relay").Info("shown", "outbox_id", "x")
+	log.With("component", "relay").Info("shown", "outbox_id", "x", "retry_in", 1500*time.Millisecond)
 	if strings.Contains(b.String(), "hidden") || !strings.Contains(b.String(), `"component":"relay"`) {
 		t.Fatalf("json log = %q", b.String())
+	}
+	if !strings.Contains(b.String(), `"retry_in":"1.5s"`) {
+		t.Fatalf("duration not written as text: %q", b.String())
 	}
 	if _, err := telemetry.NewLogger(&b, "xml", "info"); err == nil {
 		t.Fatal("xml format accepted")
