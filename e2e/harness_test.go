@@ -263,7 +263,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 // checkOnce asserts I1 for ids: a sent row was delivered exactly once, under
 // its own id as the key, and its provider_ref is the stub's id; no other row
-// was delivered more than once.
+// was delivered more than once; and a dead row was not delivered at all
+// ("dead" tells the application the user got nothing).
 func (e *env) checkOnce(ids []uuid.UUID, rows map[uuid.UUID]row) {
 	e.t.Helper()
 	deliveries := e.stub.Deliveries()
@@ -275,6 +276,8 @@ func (e *env) checkOnce(ids []uuid.UUID, rows map[uuid.UUID]row) {
 			e.t.Errorf("row %s is sent with %d deliveries at the provider, want 1", id, d.Deliveries)
 		case r.status == outbox.StatusSent && r.ref != d.ProviderID:
 			e.t.Errorf("row %s: provider_ref %q, stub id %q", id, r.ref, d.ProviderID)
+		case r.status == outbox.StatusDead && d.Deliveries != 0:
+			e.t.Errorf("row %s is dead but the provider delivered it %d times", id, d.Deliveries)
 		case d.Deliveries > 1:
 			e.t.Errorf("row %s (%s) was delivered %d times", id, r.status, d.Deliveries)
 		}

@@ -242,26 +242,57 @@ func TestRetryableFailuresRecover(t *testing.T) {
 	e.checkOnce(ids, rows)
 }
 
-// Attempts are bounded by max_attempts: a row that keeps failing is dead
-// with reason max_attempts and one dead letter, never retried forever.
+// Attempts are bounded by max_attempts, and how a row ends depends on what
+// its attempts may have done: dead (reason max_attempts) only when every
+// answer said the message was not taken; unknown (reason ambiguous) when an
+// attempt may have reached the provider, because "dead" tells the
+// application the user got nothing. One dead letter either way, and never
+// retried forever.
 func TestAttemptsAreBounded(t *testing.T) {
 	t.Parallel()
-	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{FailRate: 1, FailStatus: 500}}})
-	e.startRelay(relay.Config{})
-	e.startSender(senderOptions{})
-	ids := e.insert(1)
-	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET max_attempts = 3 WHERE id = $1`, ids[0]); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name       string
+		faults     smsstub.Faults
+		toxic      string // a toxiproxy toxic on the response path, after the stub answered
+		wantStatus outbox.State
+		wantReason string
+		delivered  int
+	}{
+		{name: "503s", faults: smsstub.Faults{FailRate: 1, FailStatus: 503}, wantStatus: outbox.StatusDead, wantReason: wire.ReasonMaxAttempts},
+		{name: "500s", faults: smsstub.Faults{FailRate: 1, FailStatus: 500}, wantStatus: outbox.StatusUnknown, wantReason: wire.ReasonAmbiguous},
+		// The soak's case: the provider accepted, every answer was lost.
+		{name: "responses reset after accepting", toxic: "reset_peer", wantStatus: outbox.StatusUnknown, wantReason: wire.ReasonAmbiguous, delivered: 1},
 	}
-	rows := e.waitTerminal(ids, time.Minute)
-	if r := rows[ids[0]]; r.status != outbox.StatusDead || r.attempts != 3 {
-		t.Fatalf("row = %+v, want dead after 3 attempts", r)
-	}
-	dl := deadLetterFor(e.deadLetters(), ids[0])
-	if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != wire.ReasonMaxAttempts {
-		t.Fatalf("dead letters = %v, want one with reason max_attempts", dl)
-	}
-	if got := e.stub.Deliveries()[ids[0].String()].Requests; got != 3 {
-		t.Fatalf("provider got %d requests, want 3", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, envOptions{stub: smsstub.Config{Faults: tt.faults}})
+			base := ""
+			if tt.toxic != "" {
+				proxy := e.newProxy()
+				proxy.Add("lose", tt.toxic, "downstream", map[string]any{"timeout": 0})
+				base = proxy.URL()
+			}
+			e.startRelay(relay.Config{})
+			// Insert before the sender starts, so the budget is lowered first.
+			ids := e.insert(1)
+			if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET max_attempts = 3 WHERE id = $1`, ids[0]); err != nil {
+				t.Fatal(err)
+			}
+			e.startSender(senderOptions{baseURL: base, timeout: 2 * time.Second})
+			rows := e.waitTerminal(ids, time.Minute)
+			if r := rows[ids[0]]; r.status != tt.wantStatus || r.attempts != 3 {
+				t.Fatalf("row = %+v, want %s after 3 attempts", r, tt.wantStatus)
+			}
+			dl := deadLetterFor(e.deadLetters(), ids[0])
+			if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != tt.wantReason {
+				t.Fatalf("dead letters = %v, want one with reason %s", dl, tt.wantReason)
+			}
+			d := e.stub.Deliveries()[ids[0].String()]
+			if d.Requests != 3 || d.Deliveries != tt.delivered {
+				t.Fatalf("provider got %d requests and delivered %d times, want 3 and %d", d.Requests, d.Deliveries, tt.delivered)
+			}
+			e.checkOnce(ids, rows)
+		})
 	}
 }

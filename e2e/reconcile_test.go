@@ -131,16 +131,23 @@ func TestReconcilerRecoversMaxDeliverExit(t *testing.T) {
 }
 
 // Stuck rows with no attempt left are finalised: queued ones dead
-// (max_attempts), sending ones unknown (their last attempt never reported),
-// each with its dead letter.
+// (max_attempts), unless an earlier attempt may have reached the provider;
+// those and sending ones unknown (their last attempt never reported), each
+// with its dead letter.
 func TestReconcilerFinalisesSpentRows(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{})
-	ids := e.insert(2)
+	ids := e.insert(3)
 	ctx := context.Background()
-	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', attempt_count = 8, stream_seq = 0,
-		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, ids[0]); err != nil {
-		t.Fatal(err)
+	for i, maybe := range []bool{false, true} {
+		id := ids[0]
+		if maybe {
+			id = ids[2]
+		}
+		if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', attempt_count = 8, stream_seq = 0, maybe_accepted = $2,
+			updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, id, maybe); err != nil {
+			t.Fatal(i, err)
+		}
 	}
 	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sending', attempt_count = 8,
 		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, ids[1]); err != nil {
@@ -150,11 +157,11 @@ func TestReconcilerFinalisesSpentRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := e.rows()
-	if rows[ids[0]].status != outbox.StatusDead || rows[ids[1]].status != outbox.StatusUnknown {
-		t.Fatalf("statuses %s and %s, want dead and unknown", rows[ids[0]].status, rows[ids[1]].status)
+	if rows[ids[0]].status != outbox.StatusDead || rows[ids[1]].status != outbox.StatusUnknown || rows[ids[2]].status != outbox.StatusUnknown {
+		t.Fatalf("statuses %s, %s and %s, want dead, unknown and unknown", rows[ids[0]].status, rows[ids[1]].status, rows[ids[2]].status)
 	}
 	dls := e.deadLetters()
-	for id, reason := range map[uuid.UUID]string{ids[0]: wire.ReasonMaxAttempts, ids[1]: wire.ReasonAmbiguous} {
+	for id, reason := range map[uuid.UUID]string{ids[0]: wire.ReasonMaxAttempts, ids[1]: wire.ReasonAmbiguous, ids[2]: wire.ReasonAmbiguous} {
 		mine := deadLetterFor(dls, id)
 		if len(mine) != 1 || mine[0].Header.Get(wire.HeaderReason) != reason {
 			t.Errorf("row %s: dead letters %v, want one with reason %s", id, mine, reason)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
 // asRole returns the database URL with every connection acting as role, as
@@ -36,7 +37,8 @@ func asRole(t *testing.T, dbURL, role string) *pgxpool.Pool {
 // outside its grants is refused.
 func TestComponentsRunAsTheirRoles(t *testing.T) {
 	t.Parallel()
-	e := setup(t, envOptions{})
+	// Some 500s, so the sender also writes retries (and maybe_accepted).
+	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{FailRate: 0.2, FailStatus: 500}}})
 	dbURL := e.dbURL()
 	appPool := asRole(t, dbURL, "sendonce_app")
 	relayPool := asRole(t, dbURL, "sendonce_relay")
@@ -72,6 +74,16 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 		}
 	}
 	e.checkOnce(ids, rows)
+	if e.stub.Stats().Requests <= int64(len(ids)) {
+		t.Fatal("no attempt was retried: the sender's retry writes went untested")
+	}
+	// The reconciler's claim of stuck rows, as the relay.
+	if err := pgx.BeginFunc(ctx, relayPool, func(tx pgx.Tx) error {
+		_, err := outbox.ClaimStuck(ctx, tx, time.Minute, 0, 0, 10)
+		return err
+	}); err != nil {
+		t.Errorf("the relay role cannot claim stuck rows: %v", err)
+	}
 
 	refused := []struct {
 		pool *pgxpool.Pool

@@ -106,19 +106,22 @@ type result struct {
 	foreign            []string // stub keys that are no row id
 	extraRows          int      // rows in the table the writers did not commit
 	refMismatch        []badRow // sent rows whose provider_ref is not the stub's id
-	deliveredNotSent   int      // dead or unknown rows the provider did deliver
+	deadDelivered      []badRow // dead rows the provider did deliver: the application was told nothing went out
+	unknownDelivered   int      // unknown rows the provider did deliver (unknown allows it)
 	deadReasons        map[string]int
 	stats              smsstub.Stats
 	unexpected, unterm int64
 	cpMissed           int64
 }
 
-func (r *result) failed() bool { return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 }
+func (r *result) failed() bool {
+	return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 || len(r.deadDelivered) > 0
+}
 
 // line is the soak's one-line verdict.
 func (r *result) line(wall time.Duration) string {
-	return fmt.Sprintf("soak: rows %d; faults %s; sent %d, dead %d, unknown %d; duplicates %d; lost %d; wall %s",
-		r.rows, r.faults, r.sent, r.dead, r.unkn, len(r.dups), len(r.lost), wall.Round(time.Second))
+	return fmt.Sprintf("soak: rows %d; faults %s; sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; lost %d; wall %s",
+		r.rows, r.faults, r.sent, r.dead, r.unkn, len(r.dups), len(r.deadDelivered), len(r.lost), wall.Round(time.Second))
 }
 
 // check compares every committed row with the stub's deliveries.
@@ -175,15 +178,17 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 				b.why = fmt.Sprintf("provider_ref %q, stub id %q", row.ref, d.ProviderID)
 				res.refMismatch = append(res.refMismatch, b)
 			}
-		case row.status == "dead" || row.status == "unknown":
-			if row.status == "dead" {
-				res.dead++
-				res.deadReasons[reasonOf(row.lastErr)]++
-			} else {
-				res.unkn++
-			}
+		case row.status == "dead":
+			res.dead++
+			res.deadReasons[reasonOf(row.lastErr)]++
 			if d.Deliveries > 0 {
-				res.deliveredNotSent++
+				b.why = "dead, but the provider delivered it"
+				res.deadDelivered = append(res.deadDelivered, b)
+			}
+		case row.status == "unknown":
+			res.unkn++
+			if d.Deliveries > 0 {
+				res.unknownDelivered++
 			}
 		default:
 			b.why = "not terminal at the deadline"
@@ -208,8 +213,8 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 	if res.dead > 0 {
 		s.logf("dead rows by last error: %s", formatReasons(res.deadReasons))
 	}
-	if res.deliveredNotSent > 0 {
-		s.logf("note: %d dead or unknown rows were delivered by the provider (an accepted attempt whose answer was lost, then attempts ran out)", res.deliveredNotSent)
+	if res.unknownDelivered > 0 {
+		s.logf("note: %d of the unknown rows were delivered by the provider (an attempt may have been accepted, then attempts ran out; a replay with the same key finds out)", res.unknownDelivered)
 	}
 	if res.extraRows > 0 {
 		s.logf("note: %d rows in the table were not committed by the writers as far as they know", res.extraRows)
@@ -254,7 +259,7 @@ func formatReasons(m map[string]int) string {
 
 // diagnose prints the offending rows and the trace of a few of them.
 func (s *soak) diagnose(ctx context.Context, res *result) {
-	bad := append(append([]badRow{}, res.dups...), res.lost...)
+	bad := append(append(append([]badRow{}, res.dups...), res.lost...), res.deadDelivered...)
 	for i, b := range bad {
 		if i == 20 {
 			s.logf("... and %d more", len(bad)-20)

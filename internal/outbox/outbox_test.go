@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -341,5 +342,67 @@ func TestWriteResultsGuards(t *testing.T) {
 	}
 	if st, _ := outbox.Status(ctx, pool, a); st.ProviderRef != "msg_a" {
 		t.Errorf("provider_ref = %q", st.ProviderRef)
+	}
+}
+
+// maybe_accepted is sticky: once an attempt may have reached the provider
+// (a retry that says so, or a stale claim taking over an attempt that never
+// reported back), every later claim sees it, whatever later attempts say.
+func TestMaybeAcceptedIsSticky(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	lost := enqueue(t, pool, "+15551234567", "a")
+	refused := enqueue(t, pool, "+15551234568", "b")
+	stale := enqueue(t, pool, "+15551234569", "c")
+	claim := func(id uuid.UUID) outbox.Claim {
+		t.Helper()
+		cs, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{id}, time.Minute)
+		if err != nil || len(cs) != 1 || (cs[0].Result != outbox.Claimed && cs[0].Result != outbox.ClaimedStale) {
+			t.Fatalf("claim %s = %+v, %v", id, cs, err)
+		}
+		return cs[0]
+	}
+	retry := func(c outbox.Claim, maybe bool) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			applied, err := outbox.ApplyResults(ctx, tx, []outbox.Result{{
+				ID: c.ID, Status: outbox.StatusQueued, Error: "x", RetryAt: time.Now(), Attempt: c.Attempt, MaybeAccepted: maybe,
+			}}, nil)
+			if err == nil && !applied[c.ID] {
+				err = fmt.Errorf("retry of %s not applied", c.ID)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	c := claim(lost)
+	if c.MaybeAccepted {
+		t.Fatal("a fresh row claims an earlier attempt may have been accepted")
+	}
+	retry(c, true) // the answer was lost
+	if c = claim(lost); !c.MaybeAccepted {
+		t.Fatal("the claim after a lost answer does not know it")
+	}
+	retry(c, false) // a 503: says nothing about the earlier attempt
+	if c = claim(lost); !c.MaybeAccepted {
+		t.Fatal("a later refusal cleared maybe_accepted")
+	}
+
+	c = claim(refused)
+	retry(c, false)
+	if c = claim(refused); c.MaybeAccepted {
+		t.Fatal("maybe_accepted set by refusals only")
+	}
+
+	claim(stale)
+	if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET updated_at = now() - interval '1 hour' WHERE id = $1`, stale); err != nil {
+		t.Fatal(err)
+	}
+	if c = claim(stale); c.Result != outbox.ClaimedStale || !c.MaybeAccepted {
+		t.Fatalf("stale claim = %+v, want ClaimedStale and MaybeAccepted", c)
 	}
 }

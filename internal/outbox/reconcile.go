@@ -19,6 +19,9 @@ type Stuck struct {
 	Gen int32
 	// Attempts and MaxAttempts are the attempts made and allowed.
 	Attempts, MaxAttempts int
+	// MaybeAccepted is set when an attempt may have reached the provider
+	// without an answer saying it failed.
+	MaybeAccepted bool
 }
 
 // Spent reports whether the row has no attempt left.
@@ -40,7 +43,7 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 // A row whose stream_seq is beyond lastSeq belongs to a stream that was lost
 // and recreated (its sequences started again): it is stuck too.
 func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, deliveredSeq, lastSeq uint64, limit int) ([]Stuck, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts
+	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted
 		FROM sms_outbox
 		WHERE status IN ('queued', 'sending')
 		  AND updated_at < now() - $1::interval
@@ -51,7 +54,7 @@ func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, deliveredSe
 		FOR UPDATE SKIP LOCKED`, grace, int64(min(deliveredSeq, 1<<62)), limit, int64(min(lastSeq, 1<<62)))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
-		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts)
+		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted)
 		return s, err
 	})
 	if err != nil {

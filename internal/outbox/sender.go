@@ -51,6 +51,10 @@ type Claim struct {
 	CreatedAt time.Time
 	// LeaseLeft is how long a live lease still runs (set when Leased).
 	LeaseLeft time.Duration
+	// MaybeAccepted is set when an earlier attempt, or the attempt this
+	// stale claim takes over, may have reached the provider: if the budget
+	// runs out, the row ends unknown rather than dead (set when claimed).
+	MaybeAccepted bool
 }
 
 // ClaimForSend claims the rows ids for one provider attempt each and returns
@@ -72,17 +76,18 @@ WITH want AS (
 	FOR UPDATE OF o
 ), upd AS (
 	UPDATE sms_outbox o
-	SET status = 'sending', attempt_count = o.attempt_count + 1, updated_at = now()
+	SET status = 'sending', attempt_count = o.attempt_count + 1, updated_at = now(),
+	    maybe_accepted = o.maybe_accepted OR cur.status = 'sending'
 	FROM cur
 	WHERE o.id = cur.id
 	  AND (cur.status = 'pending'
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= now() + interval '1 second')
 	       OR (cur.status = 'sending' AND cur.updated_at <= now() - $2::interval))
-	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at
+	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at, o.maybe_accepted
 )
 SELECT want.id, cur.status, cur.updated_at, cur.next_attempt_at, upd.id IS NOT NULL,
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
-       now()
+       coalesce(upd.maybe_accepted, false), now()
 FROM want
 LEFT JOIN cur ON cur.id = want.id
 LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease)
@@ -100,7 +105,7 @@ LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease)
 			createdAt *time.Time
 			now       time.Time
 		)
-		if err := r.Scan(&c.ID, &prev, &touched, &due, &claimed, &to, &body, &attempt, &maxAtt, &gen, &createdAt, &now); err != nil {
+		if err := r.Scan(&c.ID, &prev, &touched, &due, &claimed, &to, &body, &attempt, &maxAtt, &gen, &createdAt, &c.MaybeAccepted, &now); err != nil {
 			return c, err
 		}
 		switch {
@@ -153,6 +158,9 @@ type Result struct {
 	// Attempt is the number of the attempt that produced the result (its
 	// claim's attempt_count): it fences retry, dead and unknown writes.
 	Attempt int
+	// MaybeAccepted marks a retry whose attempt may have reached the
+	// provider; it sets the row's sticky maybe_accepted (StatusQueued).
+	MaybeAccepted bool
 }
 
 // Attempt is one record of the attempts log: a provider call, or a decision
@@ -196,6 +204,7 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		refs, retryErrs, endErrs  []string
 		retryAt                   []time.Time
 		retryAtt, endAtt          []int32
+		retryMaybe                []bool
 		endStatus                 []string
 	)
 	for _, r := range results {
@@ -208,6 +217,7 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 			retryErrs = append(retryErrs, clean(r.Error))
 			retryAt = append(retryAt, r.RetryAt)
 			retryAtt = append(retryAtt, int32(r.Attempt))
+			retryMaybe = append(retryMaybe, r.MaybeAccepted)
 		case StatusDead, StatusUnknown:
 			endIDs = append(endIDs, r.ID)
 			endErrs = append(endErrs, clean(r.Error))
@@ -240,10 +250,11 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 	}
 	if len(retryIDs) > 0 {
 		if err := collect("retries", `UPDATE sms_outbox o
-			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[]) AS v(id, err, at, attempt)
+			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now(),
+			    maybe_accepted = o.maybe_accepted OR v.maybe
+			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[], $5::bool[]) AS v(id, err, at, attempt, maybe)
 			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt
-			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt); err != nil {
+			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt, retryMaybe); err != nil {
 			return nil, err
 		}
 	}

@@ -214,9 +214,9 @@ func (c *Client) transportFailure(err error, wrote bool) Outcome {
 		return Outcome{Kind: Retry, Reason: "request not sent: " + what}
 	}
 	if c.cfg.Idempotent {
-		return Outcome{Kind: Retry, Reason: "no response after the request was sent: " + what}
+		return Outcome{Kind: Retry, Reason: "no response after the request was sent: " + what, MaybeAccepted: true}
 	}
-	return Outcome{Kind: Ambiguous, Reason: "no response after the request was sent: " + what}
+	return Outcome{Kind: Ambiguous, Reason: "no response after the request was sent: " + what, MaybeAccepted: true}
 }
 
 func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outcome {
@@ -278,6 +278,7 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outco
 		// in flight, too early): retrying with the same key is safe.
 		o.Kind = Retry
 	case status >= 500:
+		o.MaybeAccepted = status != 503
 		if !c.cfg.Idempotent {
 			// The provider may have sent before failing, and would send again.
 			o.Kind = Ambiguous

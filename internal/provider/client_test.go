@@ -284,6 +284,11 @@ func TestSendClassifiesResponses(t *testing.T) {
 				if tt.reason != "" && !strings.Contains(o.Reason, tt.reason) {
 					t.Errorf("Reason = %q, want it to contain %q", o.Reason, tt.reason)
 				}
+				// Only a 5xx other than 503 leaves open that the provider
+				// took a message it answered with an error.
+				if want := o.Kind != provider.Sent && o.Kind != provider.Permanent && tt.status >= 500 && tt.status != 503; o.MaybeAccepted != want {
+					t.Errorf("MaybeAccepted = %v, want %v", o.MaybeAccepted, want)
+				}
 				if o.Kind != provider.Sent && o.Reason == "" {
 					t.Error("a failed attempt has an empty Reason")
 				}
@@ -659,6 +664,9 @@ func TestSendTransportFailures(t *testing.T) {
 				if strings.Contains(o.Reason, "not sent") {
 					t.Errorf("Reason %q claims the request was not sent; the server read it", o.Reason)
 				}
+				if o.Kind != provider.Sent && !o.MaybeAccepted {
+					t.Errorf("MaybeAccepted unset: the server read the request and its answer was lost (outcome %+v)", o)
+				}
 				if tt.hang && o.Latency < timeout {
 					t.Errorf("Latency = %s, below the %s timeout that ended it", o.Latency, timeout)
 				}
@@ -740,8 +748,8 @@ func TestSendNothingSent(t *testing.T) {
 		ln.Close()
 		for _, mode := range modes {
 			o := send(t, newClient(t, base, mode.idempotent, nil))
-			if o.Kind != provider.Retry || o.HTTPStatus != 0 || !strings.Contains(o.Reason, "not sent") {
-				t.Errorf("%s: outcome %+v, want Retry, no status, \"not sent\"", mode.name, o)
+			if o.Kind != provider.Retry || o.HTTPStatus != 0 || !strings.Contains(o.Reason, "not sent") || o.MaybeAccepted {
+				t.Errorf("%s: outcome %+v, want Retry, no status, \"not sent\", not MaybeAccepted", mode.name, o)
 			}
 		}
 	})

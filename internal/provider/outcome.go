@@ -57,6 +57,13 @@ type Outcome struct {
 	Reason string
 	// Latency is the attempt's wall time.
 	Latency time.Duration
+	// MaybeAccepted is set when the provider may have taken the message
+	// although this attempt did not end Sent: the request was written and
+	// no answer came back, or the answer was a 5xx other than 503 (a 503,
+	// like a 429, says the request was not taken). A row whose attempts run
+	// out after such an attempt ends unknown, not dead: "dead" tells the
+	// application the user got nothing.
+	MaybeAccepted bool
 }
 
 // Error returns the outcome as last_error text: status, code and reason.

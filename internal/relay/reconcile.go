@@ -178,10 +178,14 @@ func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) erro
 	if s.Spent() {
 		// No attempt left. A queued row's last attempt failed and was
 		// recorded; a sending row's last attempt never reported back, so
-		// whether it reached the provider is unknown.
+		// whether it reached the provider is unknown, and so it is for a
+		// queued row an earlier attempt of which may have been accepted.
 		status, reason, msg := outbox.StatusDead, wire.ReasonMaxAttempts, "attempts exhausted; its message was lost"
-		if s.Status == outbox.StatusSending {
+		switch {
+		case s.Status == outbox.StatusSending:
 			status, reason, msg = outbox.StatusUnknown, wire.ReasonAmbiguous, "attempts exhausted; the last attempt ended without an outcome"
+		case s.MaybeAccepted:
+			status, reason, msg = outbox.StatusUnknown, wire.ReasonAmbiguous, "attempts exhausted; its message was lost, and an earlier attempt may have reached the provider"
 		}
 		if err := r.dlq.Publish(ctx, deadletter.Letter{
 			OutboxID: s.ID, Gen: s.Gen, Reason: reason, Error: msg, Attempts: s.Attempts, Payload: payload,

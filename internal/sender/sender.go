@@ -428,7 +428,8 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		s.metrics.outcomes.WithLabelValues("max_attempts").Inc()
 		msg := fmt.Sprintf("attempts exhausted (%d of %d)", c.MaxAttempts, c.MaxAttempts)
 		record("max_attempts", provider.Outcome{}, msg)
-		finish(outbox.StatusDead, wire.ReasonMaxAttempts, msg, 0)
+		status, reason, msg := exhausted(c.MaybeAccepted, msg)
+		finish(status, reason, msg, 0)
 		return
 	}
 	// A stale claim at an idempotent provider calls again even past the
@@ -454,8 +455,10 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	case provider.Retry:
 		record("retry", out, out.Error())
 		if c.Attempt >= c.MaxAttempts || s.lastDelivery(m) {
-			log.Warn("attempts exhausted", "max_attempts", c.MaxAttempts, "http_status", out.HTTPStatus, "provider_code", out.Code)
-			finish(outbox.StatusDead, wire.ReasonMaxAttempts, fmt.Sprintf("attempts exhausted (%d of %d); last: %s", c.Attempt, c.MaxAttempts, out.Error()), out.Code)
+			status, reason, msg := exhausted(c.MaybeAccepted || out.MaybeAccepted,
+				fmt.Sprintf("attempts exhausted (%d of %d); last: %s", c.Attempt, c.MaxAttempts, out.Error()))
+			log.Warn("attempts exhausted", "max_attempts", c.MaxAttempts, "status", string(status), "http_status", out.HTTPStatus, "provider_code", out.Code)
+			finish(status, reason, msg, out.Code)
 			return
 		}
 		d := out.After
@@ -463,6 +466,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 			d = Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap)
 		}
 		res.row.Status, res.row.Error, res.row.RetryAt = outbox.StatusQueued, out.Error(), time.Now().Add(d)
+		res.row.MaybeAccepted = out.MaybeAccepted
 		res.action, res.delay = nak, d
 		if d > s.cfg.MaxNakDelay {
 			// A long wait would hold a MaxAckPending slot all along: ack,
@@ -482,6 +486,18 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		record("permanent", out, "unclassified provider outcome")
 		finish(outbox.StatusDead, wire.ReasonPermanent, "unclassified provider outcome", 0)
 	}
+}
+
+// exhausted returns how a row whose attempts ran out ends. dead tells the
+// application the user got nothing, which is only known when no attempt may
+// have reached the provider; otherwise the row is unknown (reason
+// ambiguous), and a replay with the same key is safe at a provider that
+// honours it.
+func exhausted(maybeAccepted bool, msg string) (outbox.State, string, string) {
+	if maybeAccepted {
+		return outbox.StatusUnknown, wire.ReasonAmbiguous, msg + "; an attempt may have reached the provider"
+	}
+	return outbox.StatusDead, wire.ReasonMaxAttempts, msg
 }
 
 // lastDelivery reports whether m is the consumer's last delivery of its

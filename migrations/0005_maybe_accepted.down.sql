@@ -1,0 +1,1 @@
+ALTER TABLE sms_outbox DROP COLUMN IF EXISTS maybe_accepted;
