@@ -12,7 +12,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
@@ -108,6 +111,7 @@ type result struct {
 	refMismatch        []badRow // sent rows whose provider_ref is not the stub's id
 	deadDelivered      []badRow // dead rows the provider did deliver: the application was told nothing went out
 	unknownDelivered   int      // unknown rows the provider did deliver (unknown allows it)
+	noLetter           []badRow // dead or unknown rows without a dead letter
 	deadReasons        map[string]int
 	stats              smsstub.Stats
 	unexpected, unterm int64
@@ -115,7 +119,7 @@ type result struct {
 }
 
 func (r *result) failed() bool {
-	return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 || len(r.deadDelivered) > 0
+	return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 || len(r.deadDelivered) > 0 || len(r.noLetter) > 0
 }
 
 // line is the soak's one-line verdict.
@@ -151,6 +155,11 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		return nil, fmt.Errorf("read rows: %w", err)
 	}
 
+	lettered, err := s.letteredRows(cctx)
+	if err != nil {
+		return nil, err
+	}
+
 	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{},
 		unexpected: s.unexpected.Load(), unterm: s.termUnclean.Load(), cpMissed: s.cpMissed.Load()}
 	ids := s.load.committedIDs()
@@ -178,17 +187,23 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 				b.why = fmt.Sprintf("provider_ref %q, stub id %q", row.ref, d.ProviderID)
 				res.refMismatch = append(res.refMismatch, b)
 			}
-		case row.status == "dead":
-			res.dead++
-			res.deadReasons[reasonOf(row.lastErr)]++
-			if d.Deliveries > 0 {
-				b.why = "dead, but the provider delivered it"
-				res.deadDelivered = append(res.deadDelivered, b)
+		case row.status == "dead" || row.status == "unknown":
+			if row.status == "dead" {
+				res.dead++
+				res.deadReasons[reasonOf(row.lastErr)]++
+				if d.Deliveries > 0 {
+					b.why = "dead, but the provider delivered it"
+					res.deadDelivered = append(res.deadDelivered, b)
+				}
+			} else {
+				res.unkn++
+				if d.Deliveries > 0 {
+					res.unknownDelivered++
+				}
 			}
-		case row.status == "unknown":
-			res.unkn++
-			if d.Deliveries > 0 {
-				res.unknownDelivered++
+			if !lettered[id] {
+				b.why = "finished " + row.status + " without a dead letter"
+				res.noLetter = append(res.noLetter, b)
 			}
 		default:
 			b.why = "not terminal at the deadline"
@@ -213,6 +228,9 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 	if res.dead > 0 {
 		s.logf("dead rows by last error: %s", formatReasons(res.deadReasons))
 	}
+	if n := res.dead + res.unkn; n > 0 {
+		s.logf("dead letters: %d of the %d dead or unknown rows have one", n-len(res.noLetter), n)
+	}
 	if res.unknownDelivered > 0 {
 		s.logf("note: %d of the unknown rows were delivered by the provider (an attempt may have been accepted, then attempts ran out; a replay with the same key finds out)", res.unknownDelivered)
 	}
@@ -224,6 +242,28 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 			len(res.refMismatch), res.refMismatch[0].id, res.refMismatch[0].why)
 	}
 	return res, nil
+}
+
+// letteredRows returns the rows that have a dead letter on the broker.
+func (s *soak) letteredRows(ctx context.Context) (map[uuid.UUID]bool, error) {
+	nc, err := nats.Connect(s.broker.url(), nats.Name("sendonce-soak-check"))
+	if err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	letters, err := deadletter.List(ctx, js, "", deadletter.Filter{})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uuid.UUID]bool, len(letters))
+	for _, l := range letters {
+		out[l.OutboxID] = true
+	}
+	return out, nil
 }
 
 // reasonOf shortens a last_error to its leading words, digits removed, for
@@ -259,7 +299,7 @@ func formatReasons(m map[string]int) string {
 
 // diagnose prints the offending rows and the trace of a few of them.
 func (s *soak) diagnose(ctx context.Context, res *result) {
-	bad := append(append(append([]badRow{}, res.dups...), res.lost...), res.deadDelivered...)
+	bad := append(append(append(append([]badRow{}, res.dups...), res.lost...), res.deadDelivered...), res.noLetter...)
 	for i, b := range bad {
 		if i == 20 {
 			s.logf("... and %d more", len(bad)-20)

@@ -2,10 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/deadletter"
+	"github.com/sendonce/sendonce/internal/streams"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -44,6 +52,9 @@ func TestLine(t *testing.T) {
 	}
 	if r := (&result{deadDelivered: []badRow{{}}}); !r.failed() {
 		t.Fatal("a dead row the provider delivered must fail the soak")
+	}
+	if r := (&result{noLetter: []badRow{{}}}); !r.failed() {
+		t.Fatal("a dead row without its dead letter must fail the soak")
 	}
 }
 
@@ -88,5 +99,43 @@ func TestHelpers(t *testing.T) {
 	}
 	if got := reasonOf("attempts exhausted (8 of 8)"); got != "attempts exhausted (# of #)" {
 		t.Fatalf("reasonOf: %s", got)
+	}
+}
+
+// The soak's dead-letter check reads the letters the senders published.
+func TestLetteredRows(t *testing.T) {
+	b, err := startBroker(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.stop)
+	nc, err := nats.Connect(b.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := streams.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := topo.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	s := &soak{broker: b}
+	if got, err := s.letteredRows(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("empty stream: %v, %v", got, err)
+	}
+	id := uuid.New()
+	if err := (deadletter.Publisher{JetStream: js}).Publish(ctx, deadletter.Letter{OutboxID: id, Reason: "max_attempts", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.letteredRows(ctx)
+	if err != nil || !got[id] || len(got) != 1 {
+		t.Fatalf("lettered rows = %v, %v; want only %s", got, err, id)
 	}
 }
