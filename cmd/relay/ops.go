@@ -249,6 +249,9 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	fmt.Fprintf(out, "row %s\n  status        %s\n  to            %s\n  body          %d characters\n  attempts      %d of %d\n  publish gen   %d (stream seq %s)\n  provider ref  %s\n  last error    %s\n  created       %s\n  updated       %s\n  next attempt  %s\n",
 		row.ID, row.Status, row.ToMasked, row.BodyChars, row.Attempts, row.MaxAttempts, row.Gen, seq,
 		dash(row.ProviderRef), dash(row.LastError), ts(row.CreatedAt), ts(row.UpdatedAt), ts(row.NextAttemptAt))
+	if row.MaybeAccepted {
+		fmt.Fprintln(out, "  maybe taken   yes: an attempt may have reached the provider (a lost answer, a 5xx, or a sender that died mid-call)")
+	}
 
 	fmt.Fprintf(out, "attempts (%d)\n", len(attempts))
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

@@ -163,6 +163,16 @@ func TestTraceShowsRowAttemptsAndLetters(t *testing.T) {
 			t.Errorf("trace shows %q", secret)
 		}
 	}
+	if strings.Contains(out, "maybe taken") {
+		t.Errorf("trace claims an attempt may have been taken:\n%s", out)
+	}
+	unknown := o.kill(t, outbox.StatusUnknown, wire.ReasonAmbiguous)
+	if _, err := o.pool.Exec(context.Background(), `UPDATE sms_outbox SET maybe_accepted = true WHERE id = $1`, unknown); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, _ := o.run(t, "trace", unknown.String()); !strings.Contains(out, "maybe taken   yes") {
+		t.Errorf("trace of a row an attempt of which may have been taken:\n%s", out)
+	}
 	if code, _, _ := o.run(t, "trace", uuid.NewString()); code != 1 {
 		t.Errorf("trace of a missing row: exit %d, want 1", code)
 	}

@@ -99,6 +99,8 @@ type Row struct {
 	ProviderRef, LastError string
 	CreatedAt, UpdatedAt   time.Time
 	NextAttemptAt          time.Time
+	// MaybeAccepted is set once an attempt may have reached the provider.
+	MaybeAccepted bool
 }
 
 // GetRow reads one row for a trace.
@@ -107,19 +109,19 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	var to string
 	var ref, lastErr *string
 	err := q.QueryRow(ctx, `SELECT id, status, to_e164, char_length(body), attempt_count, max_attempts,
-			publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at, next_attempt_at
+			publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at, next_attempt_at, maybe_accepted
 		FROM sms_outbox WHERE id = $1`, id).
 		Scan(&r.ID, &r.Status, &to, &r.BodyChars, &r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq,
-			&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt)
+			&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		// A role without access to the number and the body (the relay's)
 		// still sees everything else.
 		err = q.QueryRow(ctx, `SELECT id, status, attempt_count, max_attempts,
-				publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at, next_attempt_at
+				publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at, next_attempt_at, maybe_accepted
 			FROM sms_outbox WHERE id = $1`, id).
 			Scan(&r.ID, &r.Status, &r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq,
-				&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt)
+				&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted)
 		to, r.BodyChars = "", -1
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
