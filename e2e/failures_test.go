@@ -127,6 +127,49 @@ func TestLostResponseAtNonIdempotentProviderEndsUnknown(t *testing.T) {
 	}
 }
 
+// A provider that took the first attempt and lost its answer, then refuses
+// the retry for good (its key was rotated): the row must not end dead, which
+// would tell the application the user got nothing. It ends unknown with an
+// ambiguous dead letter after exactly two calls.
+func TestRefusalAfterALostAnswerEndsUnknown(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	var calls atomic.Int32
+	p := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			// Took the message; the answer is lost (connection reset).
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if tc, ok := conn.(interface{ SetLinger(int) error }); ok {
+				_ = tc.SetLinger(0)
+			}
+			_ = conn.Close()
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte(`{"code":20003,"message":"authentication failed"}`))
+	}))
+	t.Cleanup(p.Close)
+	e.startRelay(relay.Config{})
+	e.startSender(senderOptions{baseURL: p.URL, timeout: 2 * time.Second})
+	ids := e.insert(1)
+	rows := e.waitTerminal(ids, 30*time.Second)
+	if r := rows[ids[0]]; r.status != outbox.StatusUnknown || r.attempts != 2 {
+		t.Fatalf("row = %+v, want unknown after 2 attempts", r)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("provider called %d times, want 2", n)
+	}
+	dl := deadLetterFor(e.deadLetters(), ids[0])
+	if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != wire.ReasonAmbiguous {
+		t.Fatalf("dead letters = %v, want one with reason ambiguous", dl)
+	}
+}
+
 // A 429 with Retry-After: no call for the key before it elapses.
 func TestRetryAfterIsHonoured(t *testing.T) {
 	t.Parallel()

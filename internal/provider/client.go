@@ -275,8 +275,11 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outco
 		o.After = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter)
 	case status == 408 || status == 409 || status == 425:
 		// The request was not processed (timeout before processing, key
-		// in flight, too early): retrying with the same key is safe.
+		// in flight, too early): retrying with the same key is safe. A 409
+		// says another request with this key is being processed: that one
+		// may be taken.
 		o.Kind = Retry
+		o.MaybeAccepted = status == 409
 	case status >= 500:
 		o.MaybeAccepted = status != 503
 		if !c.cfg.Idempotent {

@@ -284,9 +284,10 @@ func TestSendClassifiesResponses(t *testing.T) {
 				if tt.reason != "" && !strings.Contains(o.Reason, tt.reason) {
 					t.Errorf("Reason = %q, want it to contain %q", o.Reason, tt.reason)
 				}
-				// Only a 5xx other than 503 leaves open that the provider
-				// took a message it answered with an error.
-				if want := o.Kind != provider.Sent && o.Kind != provider.Permanent && tt.status >= 500 && tt.status != 503; o.MaybeAccepted != want {
+				// Only a 5xx other than 503, or a 409 (the key is in flight),
+				// leaves open that the provider took a message it answered
+				// with an error.
+				if want := o.Kind != provider.Sent && o.Kind != provider.Permanent && (tt.status >= 500 && tt.status != 503 || tt.status == 409); o.MaybeAccepted != want {
 					t.Errorf("MaybeAccepted = %v, want %v", o.MaybeAccepted, want)
 				}
 				if o.Kind != provider.Sent && o.Reason == "" {

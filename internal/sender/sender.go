@@ -428,7 +428,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		s.metrics.outcomes.WithLabelValues("max_attempts").Inc()
 		msg := fmt.Sprintf("attempts exhausted (%d of %d)", c.MaxAttempts, c.MaxAttempts)
 		record("max_attempts", provider.Outcome{}, msg)
-		status, reason, msg := exhausted(c.MaybeAccepted, msg)
+		status, reason, msg := failed(c.MaybeAccepted, wire.ReasonMaxAttempts, msg)
 		finish(status, reason, msg, 0)
 		return
 	}
@@ -455,7 +455,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	case provider.Retry:
 		record("retry", out, out.Error())
 		if c.Attempt >= c.MaxAttempts || s.lastDelivery(m) {
-			status, reason, msg := exhausted(c.MaybeAccepted || out.MaybeAccepted,
+			status, reason, msg := failed(c.MaybeAccepted || out.MaybeAccepted, wire.ReasonMaxAttempts,
 				fmt.Sprintf("attempts exhausted (%d of %d); last: %s", c.Attempt, c.MaxAttempts, out.Error()))
 			log.Warn("attempts exhausted", "max_attempts", c.MaxAttempts, "status", string(status), "http_status", out.HTTPStatus, "provider_code", out.Code)
 			finish(status, reason, msg, out.Code)
@@ -476,28 +476,33 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		results <- res
 	case provider.Permanent:
 		record("permanent", out, out.Error())
-		log.Info("permanent failure", "http_status", out.HTTPStatus, "provider_code", out.Code)
-		finish(outbox.StatusDead, wire.ReasonPermanent, out.Error(), out.Code)
+		// A refusal now says nothing of an earlier attempt whose answer
+		// was lost (a rotated key, an expired key store).
+		status, reason, msg := failed(c.MaybeAccepted, wire.ReasonPermanent, out.Error())
+		log.Info("permanent failure", "status", string(status), "http_status", out.HTTPStatus, "provider_code", out.Code)
+		finish(status, reason, msg, out.Code)
 	case provider.Ambiguous:
 		record("ambiguous", out, out.Error())
 		log.Warn("ambiguous outcome at a provider without idempotency; not retried", "http_status", out.HTTPStatus)
 		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, out.Error(), out.Code)
 	default:
 		record("permanent", out, "unclassified provider outcome")
-		finish(outbox.StatusDead, wire.ReasonPermanent, "unclassified provider outcome", 0)
+		status, reason, msg := failed(c.MaybeAccepted, wire.ReasonPermanent, "unclassified provider outcome")
+		finish(status, reason, msg, 0)
 	}
 }
 
-// exhausted returns how a row whose attempts ran out ends. dead tells the
+// failed returns how a row ends that will not be sent (its attempts ran
+// out, or the provider refused it for good) with reason. dead tells the
 // application the user got nothing, which is only known when no attempt may
 // have reached the provider; otherwise the row is unknown (reason
 // ambiguous), and a replay with the same key is safe at a provider that
 // honours it.
-func exhausted(maybeAccepted bool, msg string) (outbox.State, string, string) {
+func failed(maybeAccepted bool, reason, msg string) (outbox.State, string, string) {
 	if maybeAccepted {
 		return outbox.StatusUnknown, wire.ReasonAmbiguous, msg + "; an attempt may have reached the provider"
 	}
-	return outbox.StatusDead, wire.ReasonMaxAttempts, msg
+	return outbox.StatusDead, reason, msg
 }
 
 // lastDelivery reports whether m is the consumer's last delivery of its

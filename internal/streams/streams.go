@@ -5,10 +5,13 @@ package streams
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"reflect"
 	"sort"
@@ -163,6 +166,11 @@ func (t *Topology) Ensure(ctx context.Context, js jetstream.JetStream) ([]string
 
 // ensureStream returns "created", "updated" or "" when the server matched.
 func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (string, error) {
+	d, err := digest(cfg)
+	if err != nil {
+		return "", err
+	}
+	cfg.Metadata = stamped(cfg.Metadata, d)
 	s, err := js.Stream(ctx, cfg.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		if _, err = js.CreateStream(ctx, cfg); err == nil {
@@ -189,6 +197,11 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 
 // ensureConsumer returns "created", "updated" or "" when the server matched.
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (string, error) {
+	d, err := digest(cfg)
+	if err != nil {
+		return "", err
+	}
+	cfg.Metadata = stamped(cfg.Metadata, d)
 	c, err := js.Consumer(ctx, stream, cfg.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		if _, err = js.CreateConsumer(ctx, stream, cfg); err == nil {
@@ -212,9 +225,34 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	return "updated", nil
 }
 
+// DigestKey is the metadata key under which Ensure records a digest of the
+// config it applied: a field removed from a nats/ file (back to the server's
+// default) changes the digest, which the field comparison alone would miss.
+const DigestKey = "sendonce_config_sha256"
+
+func digest(cfg any) (string, error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12]), nil
+}
+
+// stamped returns a copy of md with the digest added.
+func stamped(md map[string]string, digest string) map[string]string {
+	out := maps.Clone(md)
+	if out == nil {
+		out = make(map[string]string, 1)
+	}
+	out[DigestKey] = digest
+	return out
+}
+
 // declaredMatch reports whether every field that want sets in its JSON form
-// has the same value in have. Fields want leaves out keep the server's
-// defaults, and keys the server adds to a map (metadata) are not compared.
+// has the same value in have. Keys the server adds (defaults it fills in,
+// metadata of its own) are not compared; the digest in want's metadata
+// stands for the fields want leaves out.
 func declaredMatch(want, have any) (bool, error) {
 	var w, h map[string]any
 	for _, x := range []struct {
@@ -275,6 +313,10 @@ func validateConsumer(c jetstream.ConsumerConfig) error {
 		return fmt.Errorf("max_deliver %d is below the %d steps of backoff", c.MaxDeliver, len(c.BackOff))
 	case c.AckWait < 0:
 		return fmt.Errorf("ack_wait %s is negative", c.AckWait)
+	case len(c.BackOff) > 0 && c.AckWait != 0 && c.AckWait != c.BackOff[0]:
+		// The server replaces ack_wait by backoff[0]: the file would never
+		// match the server, and every start-up would update the consumer.
+		return fmt.Errorf("ack_wait %s must be left out or equal backoff[0] %s: the server uses backoff[0]", c.AckWait, c.BackOff[0])
 	}
 	for i, d := range c.BackOff {
 		if d <= 0 {

@@ -66,6 +66,10 @@ func TestLoadRefusesMistakes(t *testing.T) {
 			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
 			"n/S.c.consumer.json": {Data: []byte(`{"durable_name":"c","ack_policy":"explicit","max_deliver":2,"backoff":[1000000000,2000000000,3000000000]}`)},
 		},
+		"ack_wait other than backoff[0]": {
+			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
+			"n/S.c.consumer.json": {Data: []byte(`{"durable_name":"c","ack_policy":"explicit","ack_wait":30000000000,"backoff":[1000000000,2000000000]}`)},
+		},
 		"ack none": {
 			"n/S.stream.json":     {Data: []byte(`{"name":"S","subjects":["a"]}`)},
 			"n/S.c.consumer.json": {Data: []byte(`{"durable_name":"c","ack_policy":"none"}`)},
@@ -135,6 +139,31 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 	}
 	if cons, err = js.Consumer(ctx, streams.Stream, streams.Consumer); err != nil || cons.CachedInfo().Config.MaxAckPending != 100 {
 		t.Fatalf("consumer after update: %v", err)
+	}
+	// A field removed from the file goes back to the server's default.
+	topo.Streams[0].MaxMsgSize = 0
+	changed, err = topo.Ensure(ctx, js)
+	if want := []string{"updated stream SMS"}; err != nil || !slices.Equal(changed, want) {
+		t.Fatalf("Ensure after removing a field = %q, %v; want %q", changed, err, want)
+	}
+	if s, err = js.Stream(ctx, streams.Stream); err != nil || s.CachedInfo().Config.MaxMsgSize != -1 {
+		t.Fatalf("max_msg_size after its removal: %v, %v", s.CachedInfo().Config.MaxMsgSize, err)
+	}
+	if s.CachedInfo().Config.Metadata[streams.DigestKey] == "" {
+		t.Fatal("the applied config's digest is not in the stream's metadata")
+	}
+	// An operator's edit of a field the file sets is put back.
+	edited := s.CachedInfo().Config
+	edited.MaxAge = time.Hour
+	if _, err := js.UpdateStream(ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	changed, err = topo.Ensure(ctx, js)
+	if want := []string{"updated stream SMS"}; err != nil || !slices.Equal(changed, want) {
+		t.Fatalf("Ensure after an operator's edit = %q, %v; want %q", changed, err, want)
+	}
+	if changed, err := topo.Ensure(ctx, js); err != nil || len(changed) != 0 {
+		t.Fatalf("Ensure on a matching server = %q, %v; want no change", changed, err)
 	}
 }
 
