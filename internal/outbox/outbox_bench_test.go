@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
@@ -25,35 +24,6 @@ import (
 
 // benchRefill is how many rows a benchmark loads at a time.
 const benchRefill = 20_000
-
-// benchRows empties the outbox and loads n rows with status status, then
-// analyzes the table; it returns the ids in load order.
-func benchRows(b *testing.B, pool *pgxpool.Pool, n int, status outbox.State) []uuid.UUID {
-	b.Helper()
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `TRUNCATE sms_attempts, sms_outbox`); err != nil {
-		b.Fatal(err)
-	}
-	ids := make([]uuid.UUID, n)
-	for i := range ids {
-		ids[i] = uuid.New()
-	}
-	i := 0
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		if i == n {
-			return nil, nil
-		}
-		i++
-		return []any{ids[i-1], fmt.Sprintf("+1555%07d", i), "Your bench code is 482901. It expires in 10 minutes.", string(status)}, nil
-	})
-	if _, err := pool.CopyFrom(ctx, pgx.Identifier{"sms_outbox"}, []string{"id", "to_e164", "body", "status"}, src); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {
-		b.Fatal(err)
-	}
-	return ids
-}
 
 // BenchmarkClaimPendingMarkQueued is the relay's transaction without the
 // publishing: claim a batch of pending rows FOR UPDATE SKIP LOCKED, mark
@@ -73,7 +43,7 @@ func BenchmarkClaimPendingMarkQueued(b *testing.B) {
 			for b.Loop() {
 				if left < batch {
 					b.StopTimer()
-					benchRows(b, pool, benchRefill, outbox.StatusPending)
+					pgtest.LoadRows(b, pool, benchRefill, string(outbox.StatusPending))
 					left = benchRefill
 					b.StartTimer()
 				}
@@ -120,7 +90,7 @@ func BenchmarkClaimForSend(b *testing.B) {
 			for b.Loop() {
 				if len(ids) < batch {
 					b.StopTimer()
-					ids = benchRows(b, pool, benchRefill, outbox.StatusQueued)
+					ids = pgtest.LoadRows(b, pool, benchRefill, string(outbox.StatusQueued))
 					b.StartTimer()
 				}
 				claims, err := outbox.ClaimForSend(ctx, pool, ids[:batch], 25*time.Second)
@@ -154,7 +124,7 @@ func BenchmarkWriteResults(b *testing.B) {
 			for b.Loop() {
 				if len(ids) < batch {
 					b.StopTimer()
-					ids = benchRows(b, pool, benchRefill, outbox.StatusSending)
+					ids = pgtest.LoadRows(b, pool, benchRefill, string(outbox.StatusSending))
 					b.StartTimer()
 				}
 				now := time.Now()

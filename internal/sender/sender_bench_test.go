@@ -2,7 +2,6 @@ package sender_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -10,12 +9,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
@@ -73,7 +72,7 @@ func BenchmarkSenderRun(b *testing.B) {
 	sent := 0
 	for b.Loop() {
 		b.StopTimer()
-		ids := loadQueuedForBench(b, pool, benchWave)
+		ids := pgtest.LoadRows(b, pool, benchWave, string(outbox.StatusQueued))
 		b.StartTimer()
 		publishWaveForBench(b, js, ids)
 		want := int64(sent + benchWave)
@@ -88,35 +87,6 @@ func BenchmarkSenderRun(b *testing.B) {
 		sent += benchWave
 	}
 	b.ReportMetric(float64(sent)/b.Elapsed().Seconds(), "msg/s")
-}
-
-// loadQueuedForBench empties the outbox and loads n rows as the relay
-// leaves them: queued, due now.
-func loadQueuedForBench(b *testing.B, pool *pgxpool.Pool, n int) []uuid.UUID {
-	b.Helper()
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `TRUNCATE sms_attempts, sms_outbox`); err != nil {
-		b.Fatal(err)
-	}
-	ids := make([]uuid.UUID, n)
-	for i := range ids {
-		ids[i] = uuid.New()
-	}
-	i := 0
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		if i == n {
-			return nil, nil
-		}
-		i++
-		return []any{ids[i-1], fmt.Sprintf("+1555%07d", i), "Your bench code is 482901. It expires in 10 minutes.", "queued"}, nil
-	})
-	if _, err := pool.CopyFrom(ctx, pgx.Identifier{"sms_outbox"}, []string{"id", "to_e164", "body", "status"}, src); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {
-		b.Fatal(err)
-	}
-	return ids
 }
 
 // publishWaveForBench publishes one sms.send message per id, as the relay
