@@ -72,24 +72,31 @@ func TestSenderDiedAfterAcceptIdempotentProviderReplays(t *testing.T) {
 
 // A provider without idempotency: the outcome of the dead attempt is
 // unknowable and a new call could send twice, so the row ends unknown with an
-// ambiguous dead letter and the provider is not called again.
+// ambiguous dead letter and the provider is not called again; also when the
+// sender died on the row's last attempt (not dead: "dead" would invite a
+// replay of a message that may have been delivered).
 func TestSenderDiedAfterAcceptNonIdempotentProviderEndsUnknown(t *testing.T) {
 	t.Parallel()
-	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
-	lease := 2 * time.Second
-	ids := e.crashedAfterAccept(t, lease, false)
-	no := false
-	e.startSender(senderOptions{timeout: 500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
-	rows := e.waitTerminal(ids, 30*time.Second)
-	if r := rows[ids[0]]; r.status != outbox.StatusUnknown {
-		t.Fatalf("row = %+v, want unknown", r)
-	}
-	if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 || d.Deliveries != 1 {
-		t.Fatalf("provider: %+v, want the one original request only", d)
-	}
-	dl := deadLetterFor(e.deadLetters(), ids[0])
-	if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != wire.ReasonAmbiguous {
-		t.Fatalf("dead letters = %v, want one with reason ambiguous", dl)
+	for _, spent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("last attempt %v", spent), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
+			lease := 2 * time.Second
+			ids := e.crashedAfterAccept(t, lease, spent)
+			no := false
+			e.startSender(senderOptions{timeout: 500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
+			rows := e.waitTerminal(ids, 30*time.Second)
+			if r := rows[ids[0]]; r.status != outbox.StatusUnknown {
+				t.Fatalf("row = %+v, want unknown", r)
+			}
+			if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 || d.Deliveries != 1 {
+				t.Fatalf("provider: %+v, want the one original request only", d)
+			}
+			dl := deadLetterFor(e.deadLetters(), ids[0])
+			if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != wire.ReasonAmbiguous {
+				t.Fatalf("dead letters = %v, want one with reason ambiguous", dl)
+			}
+		})
 	}
 }
 
@@ -150,25 +157,6 @@ func (e *env) deliverDirectly(id uuid.UUID) error {
 		return fmt.Errorf("direct delivery: %s", out.Error())
 	}
 	return nil
-}
-
-// A sender that died on a row's last attempt at a provider without
-// idempotency: the row ends unknown (not dead: "dead" would invite a replay
-// of a message that may have been delivered), with no new call.
-func TestDiedOnTheLastAttemptNonIdempotentEndsUnknown(t *testing.T) {
-	t.Parallel()
-	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
-	lease := 2 * time.Second
-	ids := e.crashedAfterAccept(t, lease, true)
-	no := false
-	e.startSender(senderOptions{timeout: 500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
-	rows := e.waitTerminal(ids, 30*time.Second)
-	if r := rows[ids[0]]; r.status != outbox.StatusUnknown {
-		t.Fatalf("row = %+v, want unknown", r)
-	}
-	if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 {
-		t.Fatalf("provider: %+v, want no new request", d)
-	}
 }
 
 // The same at an idempotent provider: one more call under the same key
