@@ -18,8 +18,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sendonce/sendonce/internal/wire"
 )
 
 // State is the status of an outbox row (the table's status column).
@@ -45,6 +47,18 @@ const (
 // Terminal reports whether s is a final status.
 func (s State) Terminal() bool {
 	return s == StatusSent || s == StatusDead || s == StatusUnknown
+}
+
+// Unsent returns the status and dead-letter reason of a row that will not be
+// sent for reason (its attempts ran out, or the provider refused it). dead
+// tells the application the user got nothing, which is only known when no
+// attempt may have reached the provider; otherwise the row is unknown, with
+// reason ambiguous.
+func Unsent(maybeAccepted bool, reason string) (State, string) {
+	if maybeAccepted {
+		return StatusUnknown, wire.ReasonAmbiguous
+	}
+	return StatusDead, reason
 }
 
 // Limits enforced here and by the table's CHECK constraints.

@@ -180,12 +180,13 @@ func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) erro
 		// recorded; a sending row's last attempt never reported back, so
 		// whether it reached the provider is unknown, and so it is for a
 		// queued row an earlier attempt of which may have been accepted.
-		status, reason, msg := outbox.StatusDead, wire.ReasonMaxAttempts, "attempts exhausted; its message was lost"
+		status, reason := outbox.Unsent(s.MaybeAccepted || s.Status == outbox.StatusSending, wire.ReasonMaxAttempts)
+		msg := "attempts exhausted; its message was lost"
 		switch {
 		case s.Status == outbox.StatusSending:
-			status, reason, msg = outbox.StatusUnknown, wire.ReasonAmbiguous, "attempts exhausted; the last attempt ended without an outcome"
+			msg = "attempts exhausted; the last attempt ended without an outcome"
 		case s.MaybeAccepted:
-			status, reason, msg = outbox.StatusUnknown, wire.ReasonAmbiguous, "attempts exhausted; its message was lost, and an earlier attempt may have reached the provider"
+			msg = "attempts exhausted; its message was lost, and an earlier attempt may have reached the provider"
 		}
 		if err := r.dlq.Publish(ctx, deadletter.Letter{
 			OutboxID: s.ID, Gen: s.Gen, Reason: reason, Error: msg, Attempts: s.Attempts, Payload: payload,

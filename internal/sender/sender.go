@@ -492,17 +492,14 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	}
 }
 
-// failed returns how a row ends that will not be sent (its attempts ran
-// out, or the provider refused it for good) with reason. dead tells the
-// application the user got nothing, which is only known when no attempt may
-// have reached the provider; otherwise the row is unknown (reason
-// ambiguous), and a replay with the same key is safe at a provider that
-// honours it.
+// failed returns how a row ends that will not be sent (see outbox.Unsent),
+// with msg saying why it is unknown when it is.
 func failed(maybeAccepted bool, reason, msg string) (outbox.State, string, string) {
-	if maybeAccepted {
-		return outbox.StatusUnknown, wire.ReasonAmbiguous, msg + "; an attempt may have reached the provider"
+	status, reason := outbox.Unsent(maybeAccepted, reason)
+	if status == outbox.StatusUnknown {
+		msg += "; an attempt may have reached the provider"
 	}
-	return outbox.StatusDead, reason, msg
+	return status, reason, msg
 }
 
 // lastDelivery reports whether m is the consumer's last delivery of its
