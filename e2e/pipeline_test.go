@@ -222,9 +222,14 @@ func TestRetryableFailuresRecover(t *testing.T) {
 	e.startRelay(relay.Config{})
 	e.startSender(senderOptions{})
 	ids := e.insert(20)
+	// Count at the stub, which draws its fault under the same lock that
+	// counts the request: a row's attempt_count rises when a sender claims
+	// it, before the call, so "attempts >= 2" can still have its second
+	// call ahead of it and land after the faults are cleared.
 	waitFor(t, 30*time.Second, "every row to fail at least twice", func() bool {
-		for _, r := range e.rows() {
-			if r.attempts < 2 {
+		got := e.stub.Deliveries()
+		for _, id := range ids {
+			if got[id.String()].Requests < 2 {
 				return false
 			}
 		}
