@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -20,6 +19,7 @@ import (
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/testport"
 )
 
 // cluster is a throwaway Postgres server the test owns, so it can restart it.
@@ -64,12 +64,8 @@ func startCluster(t *testing.T) *cluster {
 		c.as = []string{"runuser", "-u", "postgres", "--"}
 	}
 	c.data = filepath.Join(dir, "data")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	// A port outside the ephemeral range, so it is still free after restart.
+	c.port = testport.Reserve(t)
 	c.run("initdb", "-D", c.data, "-A", "trust", "-U", "postgres", "--no-sync")
 	c.start()
 	t.Cleanup(func() { c.pgctl("stop", "-m", "immediate") })

@@ -5,7 +5,6 @@ package natstest
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testport"
 )
 
 // Server is a test's NATS server. Restart keeps its port and store.
@@ -37,13 +37,19 @@ func Start(t testing.TB) *Server {
 func StartWith(t testing.TB, opts func(*server.Options)) *Server {
 	t.Helper()
 	s := &Server{t: t, dir: t.TempDir(), opts: opts}
-	srv, err := embednats.Start(embednats.Config{StoreDir: s.dir, Options: opts})
+	// The port comes from testport, not from the kernel's ephemeral range,
+	// so that it is still free when a test restarts the server on it.
+	var err error
+	for range 5 {
+		s.port = testport.Reserve(t)
+		s.srv, err = embednats.Start(embednats.Config{Port: s.port, StoreDir: s.dir, Options: opts})
+		if err == nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("natstest: %v", err)
 	}
-	s.srv = srv
-	_, portStr, _ := net.SplitHostPort(srv.Addr().String())
-	s.port, _ = strconv.Atoi(portStr)
 	t.Cleanup(s.Stop)
 	return s
 }

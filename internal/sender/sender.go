@@ -186,6 +186,16 @@ type result struct {
 	delay     time.Duration // for nak
 	createdAt time.Time
 	attempt   *outbox.Attempt // the attempts-log record, if any
+	// keep stops the InProgress heartbeats that hold the message from the
+	// claim until the status write committed and JetStream was answered.
+	keep func()
+}
+
+// release stops r's heartbeats.
+func (r result) release() {
+	if r.keep != nil {
+		r.keep()
+	}
 }
 
 // Run consumes until ctx is done, then stops fetching, finishes the attempts
@@ -385,7 +395,10 @@ func (s *Sender) claimBatch(ctx context.Context, batch []jetstream.Msg, slots ch
 func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, heartbeat time.Duration, results chan<- result) {
 	log := s.log.With("outbox_id", c.ID.String(), "attempt", c.Attempt)
 	started := time.Now()
-	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID, Attempt: c.Attempt}}
+	// The heartbeats run until the status writer has answered JetStream:
+	// a slow call, dead letter or status write never lets the ack deadline
+	// pass and the message go to another sender.
+	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID, Attempt: c.Attempt}, keep: keepAlive(m, heartbeat)}
 	record := func(outcome string, o provider.Outcome, errText string) {
 		res.attempt = &outbox.Attempt{
 			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: o.Latency, Outcome: outcome,
@@ -436,11 +449,9 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	// budget: the same key makes the provider replay the dead attempt's
 	// outcome, so this learns it without sending twice.
 
-	stop := keepAlive(m, heartbeat)
 	// The call runs to its own timeout even during shutdown: abandoning it
 	// would only leave the outcome unknown.
 	out := s.cfg.Provider.Send(context.WithoutCancel(ctx), provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
-	stop()
 	s.metrics.providerSeconds.Observe(out.Latency.Seconds())
 	s.metrics.outcomes.WithLabelValues(out.Kind.String()).Inc()
 	log.Debug("provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus, "provider_code", out.Code, "latency", out.Latency)
@@ -574,12 +585,14 @@ func (s *Sender) writeLoop(results <-chan result) {
 			// the lease finds the provider's stored answer under the same key.
 			s.log.Error("status write failed; messages will be redelivered", "err", err, "rows", len(rows))
 			for _, r := range batch {
+				r.release()
 				_ = r.msg.NakWithDelay(s.cfg.Lease)
 			}
 			continue
 		}
 		now := time.Now()
 		for _, r := range batch {
+			r.release()
 			if r.row.Status != "" && r.row.Status != outbox.StatusSent && !applied[r.row.ID] {
 				// Another attempt owns the row now (this one's lease
 				// expired): its delivery decides; this one stays silent.
@@ -634,8 +647,9 @@ func (s *Sender) writeStatuses(rows []outbox.Result, attempts []outbox.Attempt) 
 }
 
 // keepAlive tells JetStream the message is still being worked on every
-// interval, so a slow provider call does not outlive the ack deadline and
-// get redelivered to another sender. It returns the function that stops it.
+// interval, so a slow provider call or status write does not outlive the ack
+// deadline and get the message redelivered to another sender. It returns the
+// function that stops it.
 func keepAlive(m jetstream.Msg, interval time.Duration) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup

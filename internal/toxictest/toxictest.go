@@ -8,11 +8,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"testing"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
+
+	"github.com/sendonce/sendonce/internal/testport"
 )
 
 // Proxy is a TCP proxy with toxics.
@@ -25,15 +26,18 @@ type Proxy struct {
 // when the test ends.
 func New(t testing.TB, upstream string) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	// The port comes from testport, not from the kernel's ephemeral range,
+	// so that it is still free when Enable listens on it again.
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	p := toxiproxy.NewProxy(srv, t.Name(), addr, upstream)
-	if err := p.Start(); err != nil {
+	var p *toxiproxy.Proxy
+	var err error
+	for range 5 {
+		p = toxiproxy.NewProxy(srv, t.Name(), testport.Addr(t), upstream)
+		if err = p.Start(); err == nil {
+			break
+		}
+	}
+	if err != nil {
 		t.Fatalf("toxictest: start proxy: %v", err)
 	}
 	t.Cleanup(p.Stop)
