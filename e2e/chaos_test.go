@@ -193,6 +193,7 @@ func TestChaosLostResponses(t *testing.T) {
 			e.startRelay(relay.Config{})
 			e.startSender(senderOptions{baseURL: proxy.URL(), timeout: 300 * time.Millisecond})
 			ids := e.insert(10)
+			e.setBudget(ids, 100)
 			waitFor(t, 30*time.Second, "every message accepted and retried", func() bool {
 				d := e.stub.Deliveries()
 				for _, id := range ids {

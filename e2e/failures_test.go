@@ -31,19 +31,20 @@ func TestSlowSendKeepsItsMessage(t *testing.T) {
 	t.Parallel()
 	t.Run("ack wait", func(t *testing.T) {
 		t.Parallel()
-		testSlowSend(t, func(c *jetstream.ConsumerConfig) { c.AckWait = time.Second })
+		testSlowSend(t, func(c *jetstream.ConsumerConfig) { c.AckWait = 2 * time.Second })
 	})
 	t.Run("backoff", func(t *testing.T) {
 		t.Parallel()
 		testSlowSend(t, func(c *jetstream.ConsumerConfig) {
 			c.AckWait = time.Minute
-			c.BackOff = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
+			c.BackOff = []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second}
 		})
 	})
 }
 
 func testSlowSend(t *testing.T, consumer func(*jetstream.ConsumerConfig)) {
-	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{Latency: 2500 * time.Millisecond}}})
+	// The call outlasts the 2 s ack deadline more than twice over.
+	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{Latency: 5 * time.Second}}})
 	e.updateConsumer(consumer)
 	e.startRelay(relay.Config{})
 	reg := prometheus.NewRegistry()
@@ -93,6 +94,7 @@ func TestResetAfterAcceptIsSentOnce(t *testing.T) {
 	e.startRelay(relay.Config{})
 	e.startSender(senderOptions{baseURL: proxy.URL(), timeout: 2 * time.Second})
 	ids := e.insert(1)
+	e.setBudget(ids, 100)
 	waitFor(t, 30*time.Second, "the provider to accept", func() bool { return e.stub.Deliveries()[ids[0].String()].Deliveries == 1 })
 	waitFor(t, 30*time.Second, "a retry after the reset", func() bool { return e.row(ids[0]).attempts >= 2 })
 	proxy.Remove("reset")
@@ -118,6 +120,8 @@ func TestLostResponseAtNonIdempotentProviderEndsUnknown(t *testing.T) {
 	if r := rows[ids[0]]; r.status != outbox.StatusUnknown || r.attempts != 1 {
 		t.Fatalf("row = %+v, want unknown after one attempt", r)
 	}
+	// The proxy may hand the request on after the sender gave up on it.
+	waitFor(t, 30*time.Second, "the request at the provider", func() bool { return e.stub.Deliveries()[ids[0].String()].Requests >= 1 })
 	if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 {
 		t.Fatalf("provider got %d requests, want 1", d.Requests)
 	}
@@ -217,6 +221,7 @@ func TestAttemptsAreLogged(t *testing.T) {
 	e.startRelay(relay.Config{})
 	e.startSender(senderOptions{})
 	ids := e.insert(1)
+	e.setBudget(ids, 100)
 	// Counted at the stub, where the fault is drawn: the row's count rises
 	// at the claim, before the call.
 	waitFor(t, 30*time.Second, "two failed attempts", func() bool { return e.stub.Deliveries()[ids[0].String()].Requests >= 2 })

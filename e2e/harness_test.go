@@ -193,6 +193,17 @@ func (e *env) insert(n int) []uuid.UUID {
 	return ids
 }
 
+// setBudget sets the rows' max_attempts. Tests about how a fault ends, not
+// about the budget, raise it: with the tests' short retry cap a row spends
+// the default 8 attempts in about a second, less than a loaded machine can
+// take to notice and lift the fault.
+func (e *env) setBudget(ids []uuid.UUID, n int) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET max_attempts = $2 WHERE id = ANY($1)`, ids, n); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func testPhone(i int) string { return fmt.Sprintf("+1555%07d", i) }
 func testBody(i int) string  { return fmt.Sprintf("Your code is %06d", 100000+i) }
 

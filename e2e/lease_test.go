@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/sender"
@@ -57,7 +59,7 @@ func TestSenderDiedAfterAcceptIdempotentProviderReplays(t *testing.T) {
 	e := setup(t, envOptions{})
 	lease := 2 * time.Second
 	ids := e.crashedAfterAccept(t, lease, false)
-	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
+	e.startSender(senderOptions{timeout: 1500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
 	rows := e.waitTerminal(ids, 30*time.Second)
 	r := rows[ids[0]]
 	if r.status != outbox.StatusSent || r.attempts != 2 {
@@ -84,7 +86,7 @@ func TestSenderDiedAfterAcceptNonIdempotentProviderEndsUnknown(t *testing.T) {
 			lease := 2 * time.Second
 			ids := e.crashedAfterAccept(t, lease, spent)
 			no := false
-			e.startSender(senderOptions{timeout: 500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
+			e.startSender(senderOptions{timeout: 1500 * time.Millisecond, idempotent: &no, cfg: sender.Config{Lease: lease}})
 			rows := e.waitTerminal(ids, 30*time.Second)
 			if r := rows[ids[0]]; r.status != outbox.StatusUnknown {
 				t.Fatalf("row = %+v, want unknown", r)
@@ -116,15 +118,31 @@ func TestConcurrentDeliveryBacksOff(t *testing.T) {
 	if _, err := e.js.Publish(ctx, streams.SubjectSend, data, jetstream.WithMsgID(ids[0].String())); err != nil {
 		t.Fatal(err)
 	}
+	// The other attempt is alive: it keeps its lease fresh until it ends.
+	alive, stopAlive := context.WithCancel(ctx)
+	var touching sync.WaitGroup
+	touching.Add(1)
+	go func() {
+		defer touching.Done()
+		for alive.Err() == nil {
+			_, _ = e.pool.Exec(alive, `UPDATE sms_outbox SET updated_at = now() WHERE id = $1 AND status = 'sending'`, ids[0])
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
 	lease := 3 * time.Second
-	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
+	reg := prometheus.NewRegistry()
+	e.startSender(senderOptions{timeout: 1500 * time.Millisecond, cfg: sender.Config{Lease: lease, Registerer: reg}})
 	// While the lease lives the provider is never called.
-	time.Sleep(lease / 2)
+	waitFor(t, 30*time.Second, "the delivery to back off", func() bool {
+		return counterValue(t, reg, "sendonce_sender_lease_backoffs_total") >= 1
+	})
 	if n := e.stub.Stats().Requests; n != 0 {
 		t.Fatalf("provider called %d times during another attempt's lease", n)
 	}
 	// The other attempt finishes: the row is sent and the backed-off
 	// delivery is acked without a call when it comes back.
+	stopAlive()
+	touching.Wait()
 	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sent', provider_ref = 'msg_other' WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +184,7 @@ func TestDiedOnTheLastAttemptIdempotentLearnsTheOutcome(t *testing.T) {
 	e := setup(t, envOptions{})
 	lease := 2 * time.Second
 	ids := e.crashedAfterAccept(t, lease, true)
-	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
+	e.startSender(senderOptions{timeout: 1500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
 	rows := e.waitTerminal(ids, 30*time.Second)
 	if r := rows[ids[0]]; r.status != outbox.StatusSent {
 		t.Fatalf("row = %+v, want sent", r)

@@ -54,6 +54,7 @@ func TestLostResponseAfterAcceptIsSentOnce(t *testing.T) {
 	e.startRelay(relay.Config{})
 	e.startSender(senderOptions{baseURL: proxy.URL(), timeout: 300 * time.Millisecond})
 	ids := e.insert(1)
+	e.setBudget(ids, 100)
 	key := ids[0].String()
 
 	waitFor(t, 30*time.Second, "the provider to accept the message", func() bool {
@@ -222,6 +223,7 @@ func TestRetryableFailuresRecover(t *testing.T) {
 	e.startRelay(relay.Config{})
 	e.startSender(senderOptions{})
 	ids := e.insert(20)
+	e.setBudget(ids, 100)
 	// Count at the stub, which draws its fault under the same lock that
 	// counts the request: a row's attempt_count rises when a sender claims
 	// it, before the call, so "attempts >= 2" can still have its second

@@ -21,31 +21,37 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
+	binDir   string
+	buildErr error
 )
 
-// binaries builds relay, sender and smsstub once for the package.
+// build builds relay, sender and smsstub (with -race) for the package's
+// subprocess tests.
+func build() {
+	binDir, buildErr = os.MkdirTemp("", "sendonce-e2e-bin-")
+	if buildErr != nil {
+		return
+	}
+	cmd := exec.Command("go", "build", "-race", "-o", binDir+"/", "../cmd/relay", "../cmd/sender", "../cmd/smsstub")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+	}
+}
+
+// binaries returns the directory holding the binaries.
 func binaries(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "sendonce-e2e-bin-")
-		if buildErr != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-race", "-o", binDir+"/", "../cmd/relay", "../cmd/sender", "../cmd/smsstub")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	return binDir
 }
 
+// TestMain builds the binaries before any test runs: a race build takes
+// both cores for a while, and inside a test it would slow down whichever
+// timing-sensitive tests ran beside it.
 func TestMain(m *testing.M) {
+	build()
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

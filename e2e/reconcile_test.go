@@ -63,7 +63,9 @@ func TestReconcilerRepublishesLostMessages(t *testing.T) {
 	ids := e.insert(20)
 	e.lose(ids)
 	e.startSender(senderOptions{})
-	e.background("reconciler", e.newReconciler(time.Second).Run)
+	// A long grace: the lost rows look an hour old, and a republished row
+	// must not look stuck again while a slow machine is still sending it.
+	e.background("reconciler", e.newReconciler(time.Minute).Run)
 	rows := e.waitTerminal(ids, time.Minute)
 	for _, id := range ids {
 		if rows[id].status != outbox.StatusSent {
@@ -109,7 +111,7 @@ func TestReconcilerRecoversMaxDeliverExit(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
-	e.startSender(senderOptions{timeout: 500 * time.Millisecond, cfg: sender.Config{Lease: lease}})
+	e.startSender(senderOptions{timeout: time.Second, cfg: sender.Config{Lease: lease}})
 	waitFor(t, 30*time.Second, "the message to leave the consumer", func() bool {
 		c, err := e.js.Consumer(ctx, streams.Stream, streams.Consumer)
 		if err != nil {
@@ -200,7 +202,10 @@ func TestConcurrentReconcilersAndBacklog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	recs := []*relay.Reconciler{e.newReconciler(time.Second), e.newReconciler(time.Second), e.newReconciler(time.Second)}
+	// The rows look an hour old; a long grace keeps a row republished by
+	// one reconciler from looking stuck to another whose stream info
+	// predates the republication.
+	recs := []*relay.Reconciler{e.newReconciler(time.Minute), e.newReconciler(time.Minute), e.newReconciler(time.Minute)}
 	var wg sync.WaitGroup
 	for _, r := range recs {
 		wg.Add(1)

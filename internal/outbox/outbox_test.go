@@ -216,7 +216,9 @@ func TestClaimForSend(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
 	ctx := context.Background()
-	lease := 2 * time.Second
+	// Long, so that the live row is still leased however slow the machine;
+	// the stale one is an hour old.
+	lease := time.Minute
 	queued := enqueue(t, pool, "+15551234567", "a")
 	pending := enqueue(t, pool, "+15551234568", "b")
 	sent := enqueue(t, pool, "+15551234569", "c")

@@ -647,7 +647,9 @@ func TestSendTransportFailures(t *testing.T) {
 				s := startRaw(t, func(s *rawServer, c net.Conn, n int) { tt.handle(s, c, bufio.NewReader(c), n) })
 				timeout := 5 * time.Second
 				if tt.hang {
-					timeout = 300 * time.Millisecond
+					// Long enough for the server goroutine to read the
+					// request and write its part on a loaded machine.
+					timeout = 2 * time.Second
 				}
 				c := newClient(t, s.URL, mode.idempotent, func(cfg *provider.Config) { cfg.Timeout = timeout })
 				o := send(t, c)
@@ -672,6 +674,9 @@ func TestSendTransportFailures(t *testing.T) {
 					t.Errorf("Latency = %s, below the %s timeout that ended it", o.Latency, timeout)
 				}
 				// A fresh connection: the transport must not have replayed.
+				for deadline := time.Now().Add(5 * time.Second); len(s.requests()) == 0 && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+				}
 				if n := len(s.requests()); n != 1 {
 					t.Errorf("server got %d requests, want 1", n)
 				}
