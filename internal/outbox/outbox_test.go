@@ -333,6 +333,25 @@ func TestWriteResultsGuards(t *testing.T) {
 	if n := write(outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "mine", RetryAt: time.Now(), Attempt: 2}); n != 1 {
 		t.Fatalf("the owning attempt's write did not apply")
 	}
+	// A write from before a replay changes nothing either: c is replayed
+	// (a new generation, attempts counted from zero) and claimed again as
+	// attempt 1, the number the pre-replay attempt had.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Replay(ctx, tx, []uuid.UUID{c}, false)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{c}, time.Minute)
+	if err != nil || len(claims) != 1 || claims[0].Attempt != 1 || claims[0].Gen != 1 {
+		t.Fatalf("claim after replay = %+v, %v; want attempt 1 of generation 1", claims, err)
+	}
+	if n := write(outbox.Result{ID: c, Status: outbox.StatusUnknown, Error: "from before the replay", Attempt: 1}); n != 0 {
+		t.Fatalf("a write from before the replay changed the replayed row")
+	}
+	if n := write(outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400\x00 with a NUL and \xff bad UTF-8", Attempt: 1, Gen: 1}); n != 1 {
+		t.Fatalf("the replayed row's own attempt's write did not apply")
+	}
 	if st, _ := outbox.Status(ctx, pool, c); !utf8.ValidString(st.LastError) || strings.ContainsRune(st.LastError, 0) {
 		t.Errorf("last_error %q was stored unclean", st.LastError)
 	}

@@ -155,9 +155,12 @@ type Result struct {
 	Error string
 	// RetryAt is when the next attempt is due (StatusQueued).
 	RetryAt time.Time
-	// Attempt is the number of the attempt that produced the result (its
-	// claim's attempt_count): it fences retry, dead and unknown writes.
+	// Attempt and Gen are the attempt_count and publish_gen the attempt's
+	// claim saw: they fence retry, dead and unknown writes, so that an
+	// overtaken attempt, or one from before a replay (which starts a new
+	// generation and counts attempts from zero again), changes nothing.
 	Attempt int
+	Gen     int32
 	// MaybeAccepted marks a retry whose attempt may have reached the
 	// provider; it sets the row's sticky maybe_accepted (StatusQueued).
 	MaybeAccepted bool
@@ -204,6 +207,7 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		refs, retryErrs, endErrs  []string
 		retryAt                   []time.Time
 		retryAtt, endAtt          []int32
+		retryGen, endGen          []int32
 		retryMaybe                []bool
 		endStatus                 []string
 	)
@@ -217,12 +221,14 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 			retryErrs = append(retryErrs, clean(r.Error))
 			retryAt = append(retryAt, r.RetryAt)
 			retryAtt = append(retryAtt, int32(r.Attempt))
+			retryGen = append(retryGen, r.Gen)
 			retryMaybe = append(retryMaybe, r.MaybeAccepted)
 		case StatusDead, StatusUnknown:
 			endIDs = append(endIDs, r.ID)
 			endErrs = append(endErrs, clean(r.Error))
 			endStatus = append(endStatus, string(r.Status))
 			endAtt = append(endAtt, int32(r.Attempt))
+			endGen = append(endGen, r.Gen)
 		default:
 			return nil, fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
 		}
@@ -252,18 +258,18 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		if err := collect("retries", `UPDATE sms_outbox o
 			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now(),
 			    maybe_accepted = o.maybe_accepted OR v.maybe
-			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[], $5::bool[]) AS v(id, err, at, attempt, maybe)
-			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt
-			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt, retryMaybe); err != nil {
+			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[], $5::bool[], $6::int[]) AS v(id, err, at, attempt, maybe, gen)
+			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.publish_gen = v.gen
+			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt, retryMaybe, retryGen); err != nil {
 			return nil, err
 		}
 	}
 	if len(endIDs) > 0 {
 		if err := collect("dead and unknown", `UPDATE sms_outbox o
 			SET status = v.status, last_error = v.err, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[]) AS v(id, status, err, attempt)
-			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt
-			RETURNING o.id`, uuidArray(endIDs), endStatus, endErrs, endAtt); err != nil {
+			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::int[]) AS v(id, status, err, attempt, gen)
+			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.publish_gen = v.gen
+			RETURNING o.id`, uuidArray(endIDs), endStatus, endErrs, endAtt, endGen); err != nil {
 			return nil, err
 		}
 	}
