@@ -156,7 +156,13 @@ func TestSendClassifiesResponses(t *testing.T) {
 		return head + strings.Repeat("x", n-len(head)-2) + `"}`
 	}
 	limit := provider.MaxResponseBytes
-	soon := time.Now().Add(maxAfter / 2).UTC().Format(http.TimeFormat)
+	// soon is stamped when the response is written: a parallel subtest can
+	// wait its turn for seconds on a loaded machine.
+	soon := func(status int) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			reply(status, ``, "Retry-After", time.Now().Add(maxAfter/2).UTC().Format(http.TimeFormat))(w, r)
+		}
+	}
 	past := time.Now().Add(-time.Hour).UTC().Format(http.TimeFormat)
 	later := time.Now().Add(100 * maxAfter).UTC().Format(http.TimeFormat)
 
@@ -239,7 +245,7 @@ func TestSendClassifiesResponses(t *testing.T) {
 		{name: "429 Retry-After seconds", respond: reply(429, ``, "Retry-After", "7"), want: same(provider.Retry), status: 429, afterMin: 7 * time.Second, afterMax: 7 * time.Second},
 		{name: "429 Retry-After padded", respond: reply(429, ``, "Retry-After", " 7 "), want: same(provider.Retry), status: 429, afterMin: 7 * time.Second, afterMax: 7 * time.Second},
 		{name: "429 Retry-After zero", respond: reply(429, ``, "Retry-After", "0"), want: same(provider.Retry), status: 429, afterMin: time.Millisecond, afterMax: time.Millisecond},
-		{name: "429 Retry-After date", respond: reply(429, ``, "Retry-After", soon), want: same(provider.Retry), status: 429, afterMin: maxAfter/2 - 5*time.Second, afterMax: maxAfter / 2},
+		{name: "429 Retry-After date", respond: soon(429), want: same(provider.Retry), status: 429, afterMin: maxAfter/2 - 5*time.Second, afterMax: maxAfter / 2},
 		{name: "429 Retry-After past date", respond: reply(429, ``, "Retry-After", past), want: same(provider.Retry), status: 429, afterMin: time.Millisecond, afterMax: time.Millisecond},
 		{name: "429 Retry-After far date", respond: reply(429, ``, "Retry-After", later), want: same(provider.Retry), status: 429, afterMin: maxAfter, afterMax: maxAfter},
 		{name: "429 Retry-After huge", respond: reply(429, ``, "Retry-After", "99999999999999999999"), want: same(provider.Retry), status: 429, afterMin: maxAfter, afterMax: maxAfter},
@@ -248,7 +254,7 @@ func TestSendClassifiesResponses(t *testing.T) {
 		{name: "429 Retry-After negative", respond: reply(429, ``, "Retry-After", "-5"), want: same(provider.Retry), status: 429},
 		{name: "429 Retry-After fraction", respond: reply(429, ``, "Retry-After", "1.5"), want: same(provider.Retry), status: 429},
 		{name: "503 Retry-After seconds", respond: reply(503, ``, "Retry-After", "7"), want: retryOrAmbiguous, status: 503, afterMin: 7 * time.Second, afterMax: 7 * time.Second},
-		{name: "503 Retry-After date", respond: reply(503, ``, "Retry-After", soon), want: retryOrAmbiguous, status: 503, afterMin: maxAfter/2 - 5*time.Second, afterMax: maxAfter / 2},
+		{name: "503 Retry-After date", respond: soon(503), want: retryOrAmbiguous, status: 503, afterMin: maxAfter/2 - 5*time.Second, afterMax: maxAfter / 2},
 	}
 	for _, tt := range tests {
 		for _, mode := range modes {
