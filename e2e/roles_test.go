@@ -91,7 +91,7 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	}
 	if err := pgx.BeginFunc(ctx, senderPool, func(tx pgx.Tx) error {
 		applied, err := outbox.ApplyResults(ctx, tx, []outbox.Result{{ID: retried, Status: outbox.StatusQueued,
-			Error: "no response after the request was sent", RetryAt: time.Now(), Attempt: claims[0].Attempt, MaybeAccepted: true}}, nil)
+			Error: "no response after the request was sent", RetryAt: time.Now(), Attempt: claims[0].Attempt, Lease: claims[0].Lease, MaybeAccepted: true}}, nil)
 		if err == nil && !applied[retried] {
 			err = errors.New("not applied")
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -285,9 +286,20 @@ func TestWriteResultsGuards(t *testing.T) {
 	a := enqueue(t, pool, "+15551234567", "a")
 	b := enqueue(t, pool, "+15551234567", "b")
 	c := enqueue(t, pool, "+15551234567", "c")
-	if _, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{a, b, c}, time.Minute); err != nil {
-		t.Fatal(err)
+	lease := map[uuid.UUID]time.Time{} // the latest claim's lease per row
+	claim := func(id uuid.UUID) outbox.Claim {
+		t.Helper()
+		claims, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{id}, time.Minute)
+		if err != nil || len(claims) != 1 || claims[0].Lease.IsZero() {
+			t.Fatalf("claim %s = %+v, %v", id, claims, err)
+		}
+		lease[id] = claims[0].Lease
+		return claims[0]
 	}
+	claim(a)
+	claim(b)
+	claim(c)
+	first := maps.Clone(lease)
 	write := func(rs ...outbox.Result) int64 {
 		t.Helper()
 		var n int64
@@ -304,52 +316,54 @@ func TestWriteResultsGuards(t *testing.T) {
 	}
 	n := write(
 		outbox.Result{ID: a, Status: outbox.StatusSent, ProviderRef: "msg_a"},
-		outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "http 503", RetryAt: time.Now().Add(time.Second), Attempt: 1},
-		outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400\x00 with a NUL and \xff bad UTF-8", Attempt: 1},
+		outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "http 503", RetryAt: time.Now().Add(time.Second), Attempt: 1, Lease: lease[b]},
+		outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400\x00 with a NUL and \xff bad UTF-8", Attempt: 1, Lease: lease[c]},
 	)
 	if n != 3 {
 		t.Fatalf("first write changed %d rows, want 3", n)
 	}
 	// Late or duplicate outcomes never move a terminal row.
 	n = write(
-		outbox.Result{ID: a, Status: outbox.StatusDead, Error: "late", Attempt: 1},
+		outbox.Result{ID: a, Status: outbox.StatusDead, Error: "late", Attempt: 1, Lease: lease[a]},
 		outbox.Result{ID: c, Status: outbox.StatusSent, ProviderRef: "msg_c"},
-		outbox.Result{ID: a, Status: outbox.StatusQueued, Error: "late retry", Attempt: 1},
+		outbox.Result{ID: a, Status: outbox.StatusQueued, Error: "late retry", Attempt: 1, Lease: lease[a]},
 	)
 	if n != 0 {
 		t.Fatalf("late writes changed %d rows, want 0", n)
 	}
 	// A write from an overtaken attempt changes nothing: b is claimed again
 	// (attempt 2), and attempt 1's second, late retry write must not move it.
-	if _, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{b}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if n := write(outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "stale", RetryAt: time.Now(), Attempt: 1}); n != 0 {
+	claim(b)
+	if n := write(outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "stale", RetryAt: time.Now(), Attempt: 1, Lease: first[b]}); n != 0 {
 		t.Fatalf("a retry write from attempt 1 changed attempt 2's row")
 	}
-	if n := write(outbox.Result{ID: b, Status: outbox.StatusUnknown, Error: "stale", Attempt: 1}); n != 0 {
+	if n := write(outbox.Result{ID: b, Status: outbox.StatusUnknown, Error: "stale", Attempt: 1, Lease: first[b]}); n != 0 {
 		t.Fatalf("an unknown write from attempt 1 changed attempt 2's row")
 	}
-	if n := write(outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "mine", RetryAt: time.Now(), Attempt: 2}); n != 1 {
+	// A republication by the reconciler overlapping a slow attempt keeps
+	// its lease: the attempt still owns the row and its write applies.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.MarkRepublished(ctx, tx, b, 1, 42) }); err != nil {
+		t.Fatal(err)
+	}
+	if n := write(outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "mine", RetryAt: time.Now(), Attempt: 2, Lease: lease[b]}); n != 1 {
 		t.Fatalf("the owning attempt's write did not apply")
 	}
 	// A write from before a replay changes nothing either: c is replayed
-	// (a new generation, attempts counted from zero) and claimed again as
-	// attempt 1, the number the pre-replay attempt had.
+	// (attempts counted from zero) and claimed again as attempt 1, the
+	// number the pre-replay attempt had.
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := outbox.Replay(ctx, tx, []uuid.UUID{c}, false)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	claims, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{c}, time.Minute)
-	if err != nil || len(claims) != 1 || claims[0].Attempt != 1 || claims[0].Gen != 1 {
-		t.Fatalf("claim after replay = %+v, %v; want attempt 1 of generation 1", claims, err)
+	if cl := claim(c); cl.Attempt != 1 {
+		t.Fatalf("claim after replay = %+v; want attempt 1", cl)
 	}
-	if n := write(outbox.Result{ID: c, Status: outbox.StatusUnknown, Error: "from before the replay", Attempt: 1}); n != 0 {
+	if n := write(outbox.Result{ID: c, Status: outbox.StatusUnknown, Error: "from before the replay", Attempt: 1, Lease: first[c]}); n != 0 {
 		t.Fatalf("a write from before the replay changed the replayed row")
 	}
-	if n := write(outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400\x00 with a NUL and \xff bad UTF-8", Attempt: 1, Gen: 1}); n != 1 {
+	if n := write(outbox.Result{ID: c, Status: outbox.StatusDead, Error: "http 400\x00 with a NUL and \xff bad UTF-8", Attempt: 1, Lease: lease[c]}); n != 1 {
 		t.Fatalf("the replayed row's own attempt's write did not apply")
 	}
 	if st, _ := outbox.Status(ctx, pool, c); !utf8.ValidString(st.LastError) || strings.ContainsRune(st.LastError, 0) {
@@ -388,7 +402,7 @@ func TestMaybeAcceptedIsSticky(t *testing.T) {
 		t.Helper()
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			applied, err := outbox.ApplyResults(ctx, tx, []outbox.Result{{
-				ID: c.ID, Status: outbox.StatusQueued, Error: "x", RetryAt: time.Now(), Attempt: c.Attempt, MaybeAccepted: maybe,
+				ID: c.ID, Status: outbox.StatusQueued, Error: "x", RetryAt: time.Now(), Attempt: c.Attempt, Lease: c.Lease, MaybeAccepted: maybe,
 			}}, nil)
 			if err == nil && !applied[c.ID] {
 				err = fmt.Errorf("retry of %s not applied", c.ID)

@@ -47,6 +47,10 @@ type Claim struct {
 	MaxAttempts int
 	// Gen is the row's publish generation.
 	Gen int32
+	// Lease is the lease the claim took: the updated_at it stamped. Only a
+	// claim or a replay changes it while the row is unfinished, so with
+	// Attempt it names this attempt (set when claimed).
+	Lease time.Time
 	// CreatedAt is the row's insert time, for commit-to-sent latency.
 	CreatedAt time.Time
 	// LeaseLeft is how long a live lease still runs (set when Leased).
@@ -83,11 +87,11 @@ WITH want AS (
 	  AND (cur.status = 'pending'
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= now() + interval '1 second')
 	       OR (cur.status = 'sending' AND cur.updated_at <= now() - $2::interval))
-	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at, o.maybe_accepted
+	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at, o.maybe_accepted, o.updated_at
 )
 SELECT want.id, cur.status, cur.updated_at, cur.next_attempt_at, upd.id IS NOT NULL,
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
-       coalesce(upd.maybe_accepted, false), now()
+       coalesce(upd.maybe_accepted, false), upd.updated_at, now()
 FROM want
 LEFT JOIN cur ON cur.id = want.id
 LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease)
@@ -103,9 +107,10 @@ LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease)
 			maxAtt    *int32
 			gen       *int32
 			createdAt *time.Time
+			leaseAt   *time.Time
 			now       time.Time
 		)
-		if err := r.Scan(&c.ID, &prev, &touched, &due, &claimed, &to, &body, &attempt, &maxAtt, &gen, &createdAt, &c.MaybeAccepted, &now); err != nil {
+		if err := r.Scan(&c.ID, &prev, &touched, &due, &claimed, &to, &body, &attempt, &maxAtt, &gen, &createdAt, &c.MaybeAccepted, &leaseAt, &now); err != nil {
 			return c, err
 		}
 		switch {
@@ -120,7 +125,7 @@ LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease)
 			}
 			c.To, c.Body = *to, *body
 			c.Attempt, c.MaxAttempts, c.Gen = int(*attempt), int(*maxAtt), *gen
-			c.CreatedAt = *createdAt
+			c.CreatedAt, c.Lease = *createdAt, *leaseAt
 		default:
 			c.Prev = State(*prev)
 			if c.Prev.Terminal() {
@@ -155,12 +160,13 @@ type Result struct {
 	Error string
 	// RetryAt is when the next attempt is due (StatusQueued).
 	RetryAt time.Time
-	// Attempt and Gen are the attempt_count and publish_gen the attempt's
-	// claim saw: they fence retry, dead and unknown writes, so that an
-	// overtaken attempt, or one from before a replay (which starts a new
-	// generation and counts attempts from zero again), changes nothing.
+	// Attempt and Lease are the attempt's claim's (Claim.Attempt and
+	// Claim.Lease): they fence retry, dead and unknown writes, so that an
+	// overtaken attempt changes nothing, nor one from before a replay (which
+	// counts attempts from zero again). A republication by the reconciler
+	// keeps the lease, so a slow attempt it overlapped still writes.
 	Attempt int
-	Gen     int32
+	Lease   time.Time
 	// MaybeAccepted marks a retry whose attempt may have reached the
 	// provider; it sets the row's sticky maybe_accepted (StatusQueued).
 	MaybeAccepted bool
@@ -207,7 +213,7 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		refs, retryErrs, endErrs  []string
 		retryAt                   []time.Time
 		retryAtt, endAtt          []int32
-		retryGen, endGen          []int32
+		retryLease, endLease      []time.Time
 		retryMaybe                []bool
 		endStatus                 []string
 	)
@@ -221,14 +227,14 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 			retryErrs = append(retryErrs, clean(r.Error))
 			retryAt = append(retryAt, r.RetryAt)
 			retryAtt = append(retryAtt, int32(r.Attempt))
-			retryGen = append(retryGen, r.Gen)
+			retryLease = append(retryLease, r.Lease)
 			retryMaybe = append(retryMaybe, r.MaybeAccepted)
 		case StatusDead, StatusUnknown:
 			endIDs = append(endIDs, r.ID)
 			endErrs = append(endErrs, clean(r.Error))
 			endStatus = append(endStatus, string(r.Status))
 			endAtt = append(endAtt, int32(r.Attempt))
-			endGen = append(endGen, r.Gen)
+			endLease = append(endLease, r.Lease)
 		default:
 			return nil, fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
 		}
@@ -258,18 +264,18 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		if err := collect("retries", `UPDATE sms_outbox o
 			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now(),
 			    maybe_accepted = o.maybe_accepted OR v.maybe
-			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[], $5::bool[], $6::int[]) AS v(id, err, at, attempt, maybe, gen)
-			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.publish_gen = v.gen
-			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt, retryMaybe, retryGen); err != nil {
+			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[], $5::bool[], $6::timestamptz[]) AS v(id, err, at, attempt, maybe, lease)
+			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.updated_at = v.lease
+			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt, retryMaybe, retryLease); err != nil {
 			return nil, err
 		}
 	}
 	if len(endIDs) > 0 {
 		if err := collect("dead and unknown", `UPDATE sms_outbox o
 			SET status = v.status, last_error = v.err, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::int[]) AS v(id, status, err, attempt, gen)
-			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.publish_gen = v.gen
-			RETURNING o.id`, uuidArray(endIDs), endStatus, endErrs, endAtt, endGen); err != nil {
+			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[]) AS v(id, status, err, attempt, lease)
+			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.updated_at = v.lease
+			RETURNING o.id`, uuidArray(endIDs), endStatus, endErrs, endAtt, endLease); err != nil {
 			return nil, err
 		}
 	}

@@ -398,7 +398,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	// The heartbeats run until the status writer has answered JetStream:
 	// a slow call, dead letter or status write never lets the ack deadline
 	// pass and the message go to another sender.
-	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID, Attempt: c.Attempt, Gen: c.Gen}, keep: keepAlive(m, heartbeat)}
+	res := result{msg: m, createdAt: c.CreatedAt, row: outbox.Result{ID: c.ID, Attempt: c.Attempt, Lease: c.Lease}, keep: keepAlive(m, heartbeat)}
 	record := func(outcome string, o provider.Outcome, errText string) {
 		res.attempt = &outbox.Attempt{
 			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: o.Latency, Outcome: outcome,
