@@ -651,23 +651,31 @@ func (s *Sender) writeStatuses(rows []outbox.Result, attempts []outbox.Attempt) 
 // deadline and get the message redelivered to another sender. It returns the
 // function that stops it.
 func keepAlive(m jetstream.Msg, interval time.Duration) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = m.InProgress()
-			}
+	// A timer, not a goroutine: most messages are answered long before the
+	// first beat, and stopping costs the status writer no handoff. The
+	// lock orders a beat before a stop, so none follows the answer.
+	var (
+		mu      sync.Mutex
+		t       *time.Timer
+		stopped bool
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(interval, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
 		}
-	}()
-	return func() { close(done); wg.Wait() }
+		_ = m.InProgress()
+		t.Reset(interval)
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // heartbeatInterval returns a third of the consumer's effective ack
