@@ -47,6 +47,7 @@ type config struct {
 	logFormat     string
 	logLevel      string
 	batchSize     int
+	workers       int
 	publishWindow int
 	pollInterval  time.Duration
 	ackTimeout    time.Duration
@@ -68,6 +69,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.Int(&c.batchSize, "batch-size", "RELAY_BATCH_SIZE", 500, 1, 10000, "rows claimed per transaction")
+	s.Int(&c.workers, "workers", "RELAY_WORKERS", 2, 1, 64, "batches in flight at once, each in its own transaction")
 	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", 1024, 1, 65536, "publications awaiting their PubAck at once")
 	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", time.Second, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification")
 	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks")
@@ -171,6 +173,9 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
+	// A connection per worker, plus the reconciler, retention, the depth
+	// gauges and /readyz (the LISTEN connection is its own).
+	poolCfg.MaxConns = max(poolCfg.MaxConns, int32(c.workers)+4)
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
@@ -204,7 +209,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 
 	reg := telemetry.NewRegistry()
 	r, err := relay.New(relay.Config{
-		Pool: pool, JetStream: js, BatchSize: c.batchSize, PublishWindow: c.publishWindow,
+		Pool: pool, JetStream: js, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
 		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.dbTimeout,
 		Logger: root, Registerer: reg,
 	})
@@ -250,7 +255,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		runs = append(runs, ret.Run)
 	}
 	reg.MustRegister(relay.NewDepthCollector(pool, log))
-	log.Info("relay started", "batch_size", c.batchSize, "publish_window", c.publishWindow,
+	log.Info("relay started", "batch_size", c.batchSize, "workers", c.workers, "publish_window", c.publishWindow,
 		"reconcile", c.reconcile, "retention", c.retention.String())
 
 	done := make(chan error, 1)

@@ -47,6 +47,7 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"missing database url", map[string]string{"DATABASE_URL": ""}, nil, "DATABASE_URL"},
 		{"batch size not a number", map[string]string{"RELAY_BATCH_SIZE": "lots"}, nil, "RELAY_BATCH_SIZE"},
 		{"batch size out of range", map[string]string{"RELAY_BATCH_SIZE": "0"}, nil, "RELAY_BATCH_SIZE"},
+		{"workers out of range", map[string]string{"RELAY_WORKERS": "0"}, nil, "RELAY_WORKERS"},
 		{"poll interval not a duration", map[string]string{"RELAY_POLL_INTERVAL": "5"}, nil, "RELAY_POLL_INTERVAL"},
 		{"poll interval too short", map[string]string{"RELAY_POLL_INTERVAL": "1ms"}, nil, "RELAY_POLL_INTERVAL"},
 		{"nats url scheme", map[string]string{"NATS_URL": "http://127.0.0.1:4222"}, nil, "NATS_URL"},
@@ -79,7 +80,7 @@ func TestHelpListsEverySetting(t *testing.T) {
 	if code := run(context.Background(), []string{"relay", "-h"}, envMap(nil), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, env := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "RELAY_BATCH_SIZE", "RELAY_PUBLISH_WINDOW",
+	for _, env := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "RELAY_BATCH_SIZE", "RELAY_WORKERS", "RELAY_PUBLISH_WINDOW",
 		"RELAY_POLL_INTERVAL", "RELAY_ACK_TIMEOUT", "DB_TIMEOUT", "SHUTDOWN_TIMEOUT", "LOG_FORMAT", "LOG_LEVEL"} {
 		if !strings.Contains(errOut.String(), env) {
 			t.Errorf("-h does not list %s", env)

@@ -6,7 +6,8 @@
 // any point rolls the rows back to pending, and their republication is
 // deduplicated by JetStream (inside the stream's Duplicates window) or made
 // harmless by the senders' claim (after it). Several relays share the work
-// through SKIP LOCKED.
+// through SKIP LOCKED, and so do the workers (concurrent batch loops) of one
+// relay.
 package relay
 
 import (
@@ -16,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,6 +47,11 @@ type Config struct {
 	Stream string
 	// BatchSize is the most rows claimed per transaction; default 500.
 	BatchSize int
+	// Workers is how many batches run at once, each in its own transaction
+	// (SKIP LOCKED keeps their rows apart). One batch spends most of its time
+	// waiting on Postgres or on PubAcks, so a second keeps the machine busy
+	// while the first waits. Default 2.
+	Workers int
 	// PublishWindow is the most publications awaiting their PubAck at once;
 	// default 1024.
 	PublishWindow int
@@ -66,6 +73,7 @@ func (c *Config) setDefaults() {
 	c.Subject = cmp.Or(c.Subject, "sms.send")
 	c.Stream = cmp.Or(c.Stream, "SMS")
 	c.BatchSize = cmp.Or(c.BatchSize, 500)
+	c.Workers = cmp.Or(c.Workers, 2)
 	c.PublishWindow = cmp.Or(c.PublishWindow, 1024)
 	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
 	c.AckTimeout = cmp.Or(c.AckTimeout, 10*time.Second)
@@ -83,6 +91,8 @@ func (c *Config) validate() error {
 		return errors.New("relay: Config.JetStream is required")
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("relay: BatchSize %d is outside 1..10000", c.BatchSize)
+	case c.Workers < 1 || c.Workers > 64:
+		return fmt.Errorf("relay: Workers %d is outside 1..64", c.Workers)
 	case c.PublishWindow < 1:
 		return fmt.Errorf("relay: PublishWindow %d must be at least 1", c.PublishWindow)
 	case c.PollInterval < 10*time.Millisecond:
@@ -119,24 +129,32 @@ func New(cfg Config) (*Relay, error) {
 	return &Relay{cfg: cfg, log: cfg.Logger.With("component", "relay"), metrics: m}, nil
 }
 
-// Run relays until ctx is done, then finishes the batch in hand and returns
+// Run relays until ctx is done, then finishes the batches in hand and returns
 // nil. Transient database and NATS errors are logged and retried with
 // backoff; they never end Run.
 func (r *Relay) Run(ctx context.Context) error {
+	// One wake-up token and one poll tick each start one idle worker: at a
+	// trickle of inserts one batch serves them, and a backlog draws the others
+	// in as each full batch passes the token on.
 	wake := make(chan struct{}, 1)
-	listenDone := make(chan struct{})
-	go func() {
-		defer close(listenDone)
-		r.listen(ctx, wake)
-	}()
-	defer func() { <-listenDone }()
-
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { r.listen(ctx, wake) })
+	for range r.cfg.Workers {
+		wg.Go(func() { r.work(ctx, wake, poll.C) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// work runs batches until ctx is done. A full batch means more rows are
+// waiting: it goes straight on, and wakes another worker to help.
+func (r *Relay) work(ctx context.Context, wake chan struct{}, poll <-chan time.Time) {
 	failures := 0
 	for {
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
 		// The batch runs to completion on shutdown: its own timeouts bound it.
 		n, err := r.RelayBatch(context.WithoutCancel(ctx))
@@ -145,19 +163,20 @@ func (r *Relay) Run(ctx context.Context) error {
 			d := backoff(failures)
 			r.log.WarnContext(ctx, "relay batch failed", "err", err, "retry_in", d)
 			if !sleep(ctx, d) {
-				return nil
+				return
 			}
 			continue
 		}
 		failures = 0
 		if n == r.cfg.BatchSize {
-			continue // more rows are likely waiting
+			signal(wake)
+			continue
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-wake:
-		case <-poll.C:
+		case <-poll:
 		}
 	}
 }

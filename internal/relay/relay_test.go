@@ -172,9 +172,9 @@ func TestRelayPublishesEveryRowOnce(t *testing.T) {
 func TestTwoRelaysPublishEachRowOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ids := e.insert(t, 2000) // written before the relays start: both race for them
-	run(t, e.newRelay(t, relay.Config{BatchSize: 50}))
-	run(t, e.newRelay(t, relay.Config{BatchSize: 50}))
+	ids := e.insert(t, 2000) // written before the relays start: all workers race for them
+	run(t, e.newRelay(t, relay.Config{BatchSize: 50, Workers: 3}))
+	run(t, e.newRelay(t, relay.Config{BatchSize: 50, Workers: 4}))
 	more := e.insert(t, 1000) // and while they run
 	ids = append(ids, more...)
 	waitFor(t, 60*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
@@ -278,6 +278,8 @@ func TestConfigValidation(t *testing.T) {
 		{Pool: e.pool, JetStream: e.js, BatchSize: -1},
 		{Pool: e.pool, JetStream: e.js, PollInterval: time.Millisecond},
 		{Pool: e.pool, JetStream: e.js, PublishWindow: -5},
+		{Pool: e.pool, JetStream: e.js, Workers: -1},
+		{Pool: e.pool, JetStream: e.js, Workers: 65},
 	}
 	for i, cfg := range bad {
 		if _, err := relay.New(cfg); err == nil {
