@@ -59,8 +59,10 @@ func TestChaosRelayKilledAfterPubAck(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the relay did not reach its crash point")
 	}
-	if got := e.streamCounts(); len(got) != 200 {
-		t.Fatalf("%d rows in the stream after the crash, want the 200 of the first batch", len(got))
+	// The crashing batch's 200 rows were all acknowledged before the kill; the
+	// relay's other worker may have published some of its own batch too.
+	if got := e.streamCounts(); len(got) < 200 {
+		t.Fatalf("%d rows in the stream after the crash, want at least the 200 of the crashing batch", len(got))
 	}
 	var pending int
 	_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'pending'`).Scan(&pending)
