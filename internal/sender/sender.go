@@ -393,7 +393,14 @@ func (s *Sender) claimBatch(ctx context.Context, batch []jetstream.Msg, slots ch
 // attempt makes one provider attempt for a claimed row and hands its result
 // to the status writer.
 func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, heartbeat time.Duration, results chan<- result) {
-	log := s.log.With("outbox_id", c.ID.String(), "attempt", c.Attempt)
+	// The row's attributes are formatted only for a line that is written: a
+	// logger made With them for every attempt formatted them eagerly, 3-6 us
+	// of CPU per message in BenchmarkSenderRun's profile.
+	logAt := func(level slog.Level, msg string, args ...any) {
+		if s.log.Enabled(ctx, level) {
+			s.log.Log(ctx, level, msg, append([]any{"outbox_id", c.ID.String(), "attempt", c.Attempt}, args...)...)
+		}
+	}
 	started := time.Now()
 	// The heartbeats run until the status writer has answered JetStream:
 	// a slow call, dead letter or status write never lets the ack deadline
@@ -413,7 +420,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 			ProviderCode: code, Payload: m.Data(),
 		})
 		if err != nil {
-			log.Warn("dead letter not published; the row stays leased and will be retried", "err", err, "reason", reason)
+			logAt(slog.LevelWarn, "dead letter not published; the row stays leased and will be retried", "err", err, "reason", reason)
 			res.action, res.delay = nak, s.cfg.Lease
 			res.row.Status = "" // no status write
 			results <- res
@@ -454,7 +461,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 	out := s.cfg.Provider.Send(context.WithoutCancel(ctx), provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
 	s.metrics.providerSeconds.Observe(out.Latency.Seconds())
 	s.metrics.outcomes.WithLabelValues(out.Kind.String()).Inc()
-	log.Debug("provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus, "provider_code", out.Code, "latency", out.Latency)
+	logAt(slog.LevelDebug, "provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus, "provider_code", out.Code, "latency", out.Latency)
 
 	switch out.Kind {
 	case provider.Sent:
@@ -468,7 +475,7 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		if c.Attempt >= c.MaxAttempts || s.lastDelivery(m) {
 			status, reason, msg := failed(c.MaybeAccepted || out.MaybeAccepted, wire.ReasonMaxAttempts,
 				fmt.Sprintf("attempts exhausted (%d of %d); last: %s", c.Attempt, c.MaxAttempts, out.Error()))
-			log.Warn("attempts exhausted", "max_attempts", c.MaxAttempts, "status", string(status), "http_status", out.HTTPStatus, "provider_code", out.Code)
+			logAt(slog.LevelWarn, "attempts exhausted", "max_attempts", c.MaxAttempts, "status", string(status), "http_status", out.HTTPStatus, "provider_code", out.Code)
 			finish(status, reason, msg, out.Code)
 			return
 		}
@@ -490,11 +497,11 @@ func (s *Sender) attempt(ctx context.Context, m jetstream.Msg, c outbox.Claim, h
 		// A refusal now says nothing of an earlier attempt whose answer
 		// was lost (a rotated key, an expired key store).
 		status, reason, msg := failed(c.MaybeAccepted, wire.ReasonPermanent, out.Error())
-		log.Info("permanent failure", "status", string(status), "http_status", out.HTTPStatus, "provider_code", out.Code)
+		logAt(slog.LevelInfo, "permanent failure", "status", string(status), "http_status", out.HTTPStatus, "provider_code", out.Code)
 		finish(status, reason, msg, out.Code)
 	case provider.Ambiguous:
 		record("ambiguous", out, out.Error())
-		log.Warn("ambiguous outcome at a provider without idempotency; not retried", "http_status", out.HTTPStatus)
+		logAt(slog.LevelWarn, "ambiguous outcome at a provider without idempotency; not retried", "http_status", out.HTTPStatus)
 		finish(outbox.StatusUnknown, wire.ReasonAmbiguous, out.Error(), out.Code)
 	default:
 		record("permanent", out, "unclassified provider outcome")
