@@ -99,42 +99,72 @@ func FuzzParseRetryAfter(f *testing.F) {
 	})
 }
 
-// phoneLike matches six or more digits in a row, allowing the separators
-// people write numbers with.
-var phoneLike = regexp.MustCompile(`[0-9](?:[ ().\-]{0,2}[0-9]){5,}`)
+// phoneLike matches four or more digits of any script in a row, allowing up
+// to three characters that are neither letters nor digits between two.
+var phoneLike = regexp.MustCompile(`\p{Nd}(?:[^\p{L}\p{Nd}]{0,3}\p{Nd}){3,}`)
+
+// numberShapes are the ways a phone number or a one-time code has been
+// smuggled past a scrubber: separators of every kind, Unicode spaces and
+// hyphens, other scripts' digits, %-escapes.
+var numberShapes = []string{
+	"+15551234567", "+1 - 555 - 123 - 4567", "555/123/4567", "555_123_4567", "555,123,4567",
+	"+1\u00a0555\u00a0123\u00a04567", "+1\u2009555\u2009123\u20094567", "555\u2011123\u20114567",
+	"\uff0b\uff11\uff15\uff15\uff15\uff11\uff12\uff13\uff14", "\u0665\u0665\u0665\u0661\u0662\u0663\u0664",
+	"555%20123%204567", "%2B1%20555%20123%204567", "482901", "4829", "12345\xff6", "1\u202e2\u009b3\u200d4",
+}
 
 func TestScrub(t *testing.T) {
 	t.Parallel()
 	tests := []struct{ in, want string }{
 		{"", ""},
 		{"invalid To", "invalid To"},
-		{"code 21211", "code 21211"},
+		{"code 212", "code 212"},
+		{"code 21211", "code #"},
 		{"The 'To' number +15551234567 is not valid", "The 'To' number +# is not valid"},
-		{"call 123456", "call #"},
-		{"call 12345", "call 12345"},
+		{"Your code is 4829", "Your code is #"},
+		{"call 123", "call 123"},
 		{"To +1 555 123 4567.", "To +#."},
 		{"To (555) 123-4567!", "To (#!"},
 		{"To 555.123.4567", "To #"},
-		{"at 12:30, 1 to 3", "at 12:30, 1 to 3"},
-		{"1 2 3 4 5 6", "#"},
-		{"1   2 3 4 5 6", "1   2 3 4 5 6"}, // three separators break a run
-		{"12345\xff6", "12345\uFFFD6"},     // an invalid byte joins nothing
+		{"To +1 - 555 - 123 - 4567", "To +#"},
+		{"1 to 3, 2 of 9", "1 to 3, 2 of 9"},
+		{"1 2 3 4", "#"},
+		{"1    2 3 4 5 6", "1    #"}, // four separators break a run
+		{"12\xff34", "#"},            // an invalid byte joins, never hides
+		{"bidi \u202eevil\u202c and C1 \u009b", "bidi  evil  and C1  "},
+		{"\uff21\uff22", "AB"}, // full-width letters fold to ASCII
 		{strings.Repeat("a", 300), strings.Repeat("a", 200)},
 		{strings.Repeat("é", 150), strings.Repeat("é", 100)},
-		{strings.Repeat("é", 99) + "xé", strings.Repeat("é", 99) + "x"}, // 201 bytes: the last rune goes whole
-		{strings.Repeat("x", 199) + "é", strings.Repeat("x", 199)},      // cut mid rune
+		{strings.Repeat("x", 199) + "é", strings.Repeat("x", 199)}, // cut mid rune
 	}
 	for _, tt := range tests {
 		if got := scrub(tt.in); got != tt.want {
 			t.Errorf("scrub(%.60q) = %.60q, want %.60q", tt.in, got, tt.want)
 		}
 	}
+	for _, shape := range numberShapes {
+		got := scrub("number " + shape + " end")
+		if m := phoneLike.FindString(got); m != "" || strings.ContainsAny(got, "\u202e\u009b") {
+			t.Errorf("scrub(%q) = %q lets %q through", shape, got, m)
+		}
+	}
+}
+
+// A provider that echoes the request leaks neither the body nor the number,
+// whatever the body holds.
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	m := Message{To: "+15551234567", Body: "Reset link: https://x.example/r/abcDEF"}
+	got := scrub(redact("rejected 'Reset link: https://x.example/r/abcDEF' for 15551234567", m))
+	if strings.Contains(got, "abcDEF") || phoneLike.MatchString(got) {
+		t.Fatalf("redacted text %q", got)
+	}
 }
 
 // FuzzScrub checks that scrubbed text is short, valid UTF-8 and holds no
 // number-like run, whatever a provider sends.
 func FuzzScrub(f *testing.F) {
-	for _, s := range []string{"", "+15551234567", "+1 (555) 123-4567", "12345\xff6", "٠١٢٣٤٥٦٧٨٩", strings.Repeat("1 ", 200)} {
+	for _, s := range append([]string{"", strings.Repeat("1 ", 200)}, numberShapes...) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -189,7 +219,7 @@ func FuzzClassifyBody(f *testing.F) {
 		}
 		c := clients[idempotent]
 		resp := &http.Response{StatusCode: status, Header: http.Header{"Retry-After": {retryAfter}}, Body: http.NoBody}
-		o := c.classify(resp, body, nil)
+		o := c.classify(resp, body, nil, Message{})
 
 		if o.HTTPStatus != status {
 			t.Fatalf("HTTPStatus = %d, want %d", o.HTTPStatus, status)

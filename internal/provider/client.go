@@ -13,9 +13,13 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // DefaultPermanentCodes are provider error codes that no retry can fix
@@ -180,7 +184,7 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	}
 	defer resp.Body.Close()
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
-	o := c.classify(resp, data, readErr)
+	o := c.classify(resp, data, readErr, m)
 	o.Latency = time.Since(start)
 	return o
 }
@@ -219,7 +223,7 @@ func (c *Client) transportFailure(err error, wrote bool) Outcome {
 	return Outcome{Kind: Ambiguous, Reason: "no response after the request was sent: " + what, MaybeAccepted: true}
 }
 
-func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outcome {
+func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Message) Outcome {
 	status := resp.StatusCode
 	if readErr != nil {
 		if status >= 200 && status < 300 && !c.cfg.Idempotent {
@@ -260,7 +264,7 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error) Outco
 			code = int(n)
 		}
 		if e.Message != "" {
-			reason = scrub(e.Message)
+			reason = scrub(redact(e.Message, m))
 		}
 	}
 	if reason == "" {
@@ -329,49 +333,54 @@ func describe(err error) string {
 	return scrub(err.Error())
 }
 
-// scrub makes provider text safe to log: every run of six or more digits
-// becomes "#", also when written with the separators phone numbers are
-// written with ("+1 (555) 123-4567", "555.123.4567": at most two of " ().-"
-// between two digits), and the text is cut to 200 bytes.
+// scrub makes provider text safe to log and store. The text is normalised
+// first (NFKC, so full-width digits, NBSP, thin spaces and the like become
+// plain digits and spaces; %-escaped separators decoded; control, C1 and
+// format characters such as bidi overrides dropped to spaces), then every
+// run of four or more digits (any script's) becomes "#": a one-time code
+// echoed from the body, or a phone number however it is written, since up to
+// three characters that are neither letters nor digits between two digits
+// ("+1 - 555 - 123 - 4567", "555/123_4567", "555%20123%204567") count as
+// separators within one run. The result is cut to 200 bytes.
 func scrub(s string) string {
-	// Invalid bytes become U+FFFD first: dropping them could join two short
-	// digit runs into a number.
+	// Invalid bytes become U+FFFD first (a separator: they join runs
+	// rather than hide them).
 	s = strings.ToValidUTF8(s, "\uFFFD")
-	// Control characters (NUL above all: Postgres refuses it in text)
-	// become spaces before numbers are looked for, so that a number split
-	// by one is still found.
+	s = unescapeSeparators(s)
+	s = norm.NFKC.String(s)
 	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return ' '
 		}
 		return r
 	}, s)
+	rs := []rune(s)
 	var b strings.Builder
-	for i := 0; i < len(s); {
-		if !isDigit(s[i]) {
-			b.WriteByte(s[i])
+	for i := 0; i < len(rs); {
+		if !unicode.IsDigit(rs[i]) {
+			b.WriteRune(rs[i])
 			i++
 			continue
 		}
 		j, digits := i, 0
 		for {
-			for j < len(s) && isDigit(s[j]) {
+			for j < len(rs) && unicode.IsDigit(rs[j]) {
 				j++
 				digits++
 			}
 			k := j
-			for k < len(s) && k-j < 2 && strings.IndexByte(" ().-", s[k]) >= 0 {
+			for k < len(rs) && k-j < 3 && isSeparator(rs[k]) {
 				k++
 			}
-			if k == j || k == len(s) || !isDigit(s[k]) {
+			if k == j || k == len(rs) || !unicode.IsDigit(rs[k]) {
 				break
 			}
 			j = k
 		}
-		if digits >= 6 {
+		if digits >= 4 {
 			b.WriteByte('#')
 		} else {
-			b.WriteString(s[i:j])
+			b.WriteString(string(rs[i:j]))
 		}
 		i = j
 	}
@@ -382,7 +391,43 @@ func scrub(s string) string {
 	return strings.ToValidUTF8(out, "")
 }
 
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+// isSeparator reports whether r may stand between the digits of one number.
+func isSeparator(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }
+
+// unescapeSeparators decodes %XX escapes of ASCII characters that are not
+// letters or digits (%20, %2D, %2B, ...), so that an encoded number is seen
+// as one.
+func unescapeSeparators(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil && v < 0x80 && isSeparator(rune(v)) {
+				b.WriteByte(' ')
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// redact removes the message's own body and number from provider text
+// before it is scrubbed: a provider that echoes the request must not leak
+// it into last_error or a dead letter, whatever the body holds.
+func redact(s string, m Message) string {
+	if len(m.Body) >= 4 {
+		s = strings.ReplaceAll(s, m.Body, "[body]")
+	}
+	if m.To != "" {
+		s = strings.ReplaceAll(s, m.To, "[to]")
+		s = strings.ReplaceAll(s, strings.TrimPrefix(m.To, "+"), "[to]")
+	}
+	return s
+}
 
 // plainRef reports whether a provider message id is fit to store: 1..200
 // printable ASCII characters.
