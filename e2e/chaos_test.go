@@ -281,9 +281,11 @@ func TestChaos5xxBurst(t *testing.T) {
 	}
 }
 
-// 9. MaxDeliver reached while the provider keeps failing: the sender
-// finishes the row on the last delivery (dead, max_attempts, one dead
-// letter) instead of a Nak that JetStream would drop.
+// 9. MaxDeliver reached while the provider keeps failing: the consumer's
+// budget is not the row's. On the last delivery the sender parks the row in
+// Postgres instead of a Nak that JetStream would drop, the reconciler
+// republishes it under a new generation, and the row ends dead only when its
+// own max_attempts are spent (one dead letter).
 func TestChaosMaxDeliverExhausted(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{FailRate: 1, FailStatus: 503}}})
@@ -291,12 +293,13 @@ func TestChaosMaxDeliverExhausted(t *testing.T) {
 	e.updateConsumer(func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 3 })
 	e.startRelay(relay.Config{})
 	e.startSender(senderOptions{})
+	e.background("reconciler", e.newReconciler(time.Minute).Run)
 	ids := e.insert(5)
 	rows := e.checkInvariants(ids, time.Minute)
 	dls := e.deadLetters()
 	for _, id := range ids {
-		if r := rows[id]; r.status != outbox.StatusDead || r.attempts != 3 {
-			t.Errorf("row = %+v, want dead after 3 attempts (MaxDeliver 3 < max_attempts 8)", r)
+		if r := rows[id]; r.status != outbox.StatusDead || r.attempts != 8 {
+			t.Errorf("row = %+v, want dead after its 8 attempts (MaxDeliver 3 < max_attempts 8)", r)
 		}
 		if n := len(deadLetterFor(dls, id)); n != 1 {
 			t.Errorf("row %s: %d dead letters", id, n)

@@ -279,7 +279,7 @@ func TestReplayGoesThroughThePipelineWithTheSameKey(t *testing.T) {
 	replay := func() {
 		t.Helper()
 		err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
-			res, err := outbox.Replay(context.Background(), tx, ids, false)
+			res, err := outbox.Replay(context.Background(), tx, []outbox.ReplayTarget{{ID: ids[0]}}, outbox.ReplayOptions{})
 			if err == nil && (len(res) != 1 || !res[0].Replayed) {
 				t.Fatalf("replay = %+v", res)
 			}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -85,26 +86,54 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	claims, err := outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, time.Minute)
+	claims, err := outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, time.Minute, uuid.New())
 	if err != nil || len(claims) != 1 || claims[0].Result != outbox.Claimed {
 		t.Fatalf("the sender role cannot claim: %+v, %v", claims, err)
 	}
-	if err := pgx.BeginFunc(ctx, senderPool, func(tx pgx.Tx) error {
-		applied, err := outbox.ApplyResults(ctx, tx, []outbox.Result{{ID: retried, Status: outbox.StatusQueued,
-			Error: "no response after the request was sent", RetryAt: time.Now(), Attempt: claims[0].Attempt, Lease: claims[0].Lease, MaybeAccepted: true}}, nil)
-		if err == nil && !applied[retried] {
-			err = errors.New("not applied")
+	writeAs := func(what string, r outbox.Result) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, senderPool, func(tx pgx.Tx) error {
+			applied, err := outbox.ApplyResults(ctx, tx, []outbox.Result{r}, nil, true)
+			if _, ok := applied[r.ID]; err == nil && !ok {
+				err = errors.New("not applied")
+			}
+			return err
+		}); err != nil {
+			t.Errorf("the sender role cannot write %s: %v", what, err)
+		}
+	}
+	writeAs("a parked retry", outbox.Result{ID: retried, Status: outbox.StatusQueued, Error: "no response after the request was sent",
+		RetryIn: time.Minute, Park: true, Token: claims[0].Token, MaybeAccepted: true})
+	if _, err := relayPool.Exec(ctx, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, retried); err != nil {
+		t.Fatal(err)
+	}
+	claims, err = outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, time.Minute, uuid.New())
+	if err != nil || len(claims) != 1 || claims[0].Result != outbox.Claimed {
+		t.Fatalf("the sender role cannot claim again: %+v, %v", claims, err)
+	}
+	writeAs("an unknown outcome", outbox.Result{ID: retried, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "x", Token: claims[0].Token})
+	if err := outbox.MarkLettered(ctx, senderPool, []outbox.Lettered{{ID: retried, Seq: 1}}); err != nil {
+		t.Errorf("the sender role cannot record a dead letter: %v", err)
+	}
+	// The reconciler's work, as the relay: stuck rows, rows without their
+	// letter, and an operator replay.
+	if err := pgx.BeginFunc(ctx, relayPool, func(tx pgx.Tx) error {
+		if _, err := outbox.ClaimStuck(ctx, tx, time.Minute, 0, 0, 10); err != nil {
+			return err
+		}
+		if _, err := outbox.ClaimUnlettered(ctx, tx, 0, 10); err != nil {
+			return err
+		}
+		if err := outbox.MarkLettered(ctx, tx, []outbox.Lettered{{ID: retried, Seq: 1}}); err != nil {
+			return err
+		}
+		res, err := outbox.Replay(ctx, tx, []outbox.ReplayTarget{{ID: retried}}, outbox.ReplayOptions{Force: true})
+		if err == nil && (len(res) != 1 || !res[0].Replayed) {
+			err = fmt.Errorf("replay = %+v", res)
 		}
 		return err
 	}); err != nil {
-		t.Errorf("the sender role cannot write a retry: %v", err)
-	}
-	// The reconciler's claim of stuck rows, as the relay.
-	if err := pgx.BeginFunc(ctx, relayPool, func(tx pgx.Tx) error {
-		_, err := outbox.ClaimStuck(ctx, tx, time.Minute, 0, 0, 10)
-		return err
-	}); err != nil {
-		t.Errorf("the relay role cannot claim stuck rows: %v", err)
+		t.Errorf("the relay role cannot reconcile or replay: %v", err)
 	}
 
 	refused := []struct {

@@ -79,7 +79,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.reconcileInt, "reconcile-interval", "RECONCILE_INTERVAL", 30*time.Second, 10*time.Millisecond, time.Hour, "time between reconciler passes")
 	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", 7*24*time.Hour, 0, 10*365*24*time.Hour, "keep finished rows (and their attempts) this long after their last change; 0 keeps them forever")
 	s.Duration(&c.retentionInt, "retention-interval", "RETENTION_INTERVAL", time.Minute, 10*time.Millisecond, 24*time.Hour, "time between retention purges")
-	s.Duration(&c.reconcileAge, "reconcile-grace", "RECONCILE_GRACE", 2*time.Minute, time.Millisecond, 24*time.Hour, "how long past its retry time a queued row, or past its last touch a sending row, waits before it counts as stuck; must exceed SENDER_LEASE plus the consumer's AckWait")
+	s.Duration(&c.reconcileAge, "reconcile-grace", "RECONCILE_GRACE", 2*time.Minute, time.Millisecond, 24*time.Hour, "how long past its retry time a queued row, or past the end of its claim's lease a sending row, waits before it counts as stuck; must exceed the consumer's AckWait (each claim's lease is stamped in its row, so the senders' SENDER_LEASE need not be known here)")
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -206,6 +206,9 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	} else if err := topo.Check(startCtx, js); err != nil {
 		return fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)
 	}
+	if err := checkRetention(c.retention, topo); err != nil {
+		return err
+	}
 
 	reg := telemetry.NewRegistry()
 	r, err := relay.New(relay.Config{
@@ -276,6 +279,22 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		log.Warn("nats drain", "err", err)
 	}
 	log.Info("relay stopped")
+	return nil
+}
+
+// checkRetention refuses a row retention shorter than the work stream's
+// max_age: a message (a redelivery, a republication) can live that long in
+// the stream, and a row purged before it would turn its message into an
+// "invalid" dead letter, and its replay impossible.
+func checkRetention(retention time.Duration, topo *streams.Topology) error {
+	if retention <= 0 {
+		return nil
+	}
+	for _, sc := range topo.Streams {
+		if sc.Name == streams.Stream && sc.MaxAge > retention {
+			return fmt.Errorf("OUTBOX_RETENTION (%s) is shorter than the %s stream's max_age (%s): a message could outlive its row; raise it (or 0 to keep rows)", retention, sc.Name, sc.MaxAge)
+		}
+	}
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/streams"
 )
 
 func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -181,5 +182,33 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 	}
 	if strings.Contains(errOut.String(), "+15551230000") || strings.Contains(errOut.String(), "hello from the relay test") {
 		t.Fatal("the relay logged a phone number or a body")
+	}
+}
+
+// A row must outlive every message that can name it: the work stream keeps
+// messages for its max_age.
+func TestRetentionMustCoverTheStreamsMaxAge(t *testing.T) {
+	t.Parallel()
+	topo, err := streams.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var maxAge time.Duration
+	for _, sc := range topo.Streams {
+		if sc.Name == streams.Stream {
+			maxAge = sc.MaxAge
+		}
+	}
+	if maxAge <= 0 {
+		t.Fatal("the work stream has no max_age")
+	}
+	for _, tt := range []struct {
+		retention time.Duration
+		ok        bool
+	}{{0, true}, {maxAge, true}, {2 * maxAge, true}, {maxAge - time.Hour, false}, {time.Hour, false}} {
+		err := checkRetention(tt.retention, topo)
+		if (err == nil) != tt.ok || (err != nil && !strings.Contains(err.Error(), "OUTBOX_RETENTION")) {
+			t.Errorf("retention %s: %v", tt.retention, err)
+		}
 	}
 }

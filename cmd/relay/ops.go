@@ -22,17 +22,20 @@ import (
 
 const opsUsage = `operator commands:
   relay dlq list   [-reason R] [-since T]                 list dead letters
-  relay dlq replay (-id ID | -reason R [-since T]) [-dry-run]
+  relay dlq replay (-id ID | -reason R [-since T]) [-dry-run] [-force]
                                                           put dead or unknown rows back to pending
   relay trace ID                                          a row, its attempts and its dead letters
 T is an RFC 3339 time or a duration back from now (24h). R is permanent,
-max_attempts, ambiguous or invalid.`
+max_attempts, ambiguous or invalid. A letter replays its row only while the
+row is still in the state the letter describes (same generation and reason);
+an unknown row is replayed only with -force unless its letter records a
+provider that honours idempotency keys.`
 
 type opsConfig struct {
 	databaseURL       string
 	nats              natsconn.Config
 	reason, since, id string
-	dryRun            bool
+	dryRun, force     bool
 }
 
 func runOps(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -61,6 +64,7 @@ func runOps(ctx context.Context, cmd string, args []string, getenv func(string) 
 	if verb == "replay" {
 		fs.StringVar(&c.id, "id", "", "replay this row")
 		fs.BoolVar(&c.dryRun, "dry-run", false, "show what would be replayed, change nothing")
+		fs.BoolVar(&c.force, "force", false, "also replay unknown rows whose provider may not honour idempotency keys (the user may get the message twice)")
 	}
 	if err := s.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -153,7 +157,7 @@ func dlqList(ctx context.Context, c opsConfig, out io.Writer) error {
 }
 
 func dlqReplay(ctx context.Context, c opsConfig, out io.Writer) error {
-	var ids []uuid.UUID
+	var targets []outbox.ReplayTarget
 	switch {
 	case c.id != "" && (c.reason != "" || c.since != ""):
 		return usageError{errors.New("give -id or -reason/-since, not both")}
@@ -162,7 +166,16 @@ func dlqReplay(ctx context.Context, c opsConfig, out io.Writer) error {
 		if err != nil {
 			return usageError{fmt.Errorf("-id %q is not a UUID", c.id)}
 		}
-		ids = []uuid.UUID{id}
+		// The row's newest letter says whether its provider honours keys.
+		letters, err := listLetters(ctx, c, deadletter.Filter{OutboxID: id})
+		if err != nil {
+			return err
+		}
+		t := outbox.ReplayTarget{ID: id}
+		if n := len(letters); n > 0 {
+			t.SafeUnknown = letters[n-1].Idempotency == deadletter.ProviderIdempotent
+		}
+		targets = []outbox.ReplayTarget{t}
 	case c.reason != "":
 		f, err := c.filter()
 		if err != nil {
@@ -172,11 +185,15 @@ func dlqReplay(ctx context.Context, c opsConfig, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		seen := map[uuid.UUID]bool{}
+		// Each letter replays its row only if the row is still in the state
+		// the letter describes: a letter from before an earlier replay, or
+		// of another reason, replays nothing.
 		for _, l := range letters {
-			if l.OutboxID != uuid.Nil && !seen[l.OutboxID] {
-				seen[l.OutboxID] = true
-				ids = append(ids, l.OutboxID)
+			if l.OutboxID != uuid.Nil {
+				targets = append(targets, outbox.ReplayTarget{
+					ID: l.OutboxID, FromLetter: true, Gen: l.Gen, Reason: l.Reason,
+					SafeUnknown: l.Idempotency == deadletter.ProviderIdempotent,
+				})
 			}
 		}
 	default:
@@ -190,34 +207,37 @@ func dlqReplay(ctx context.Context, c opsConfig, out io.Writer) error {
 	var results []outbox.ReplayResult
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		var err error
-		results, err = outbox.Replay(ctx, tx, ids, c.dryRun)
+		results, err = outbox.Replay(ctx, tx, targets, outbox.ReplayOptions{DryRun: c.dryRun, Force: c.force})
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	replayed, refused := 0, 0
+	replayed, refused, needForce := 0, 0, 0
 	verb := "replayed"
 	if c.dryRun {
 		verb = "would replay"
 	}
 	for _, r := range results {
 		switch {
+		case r.Replayed && r.Status == outbox.StatusUnknown:
+			replayed++
+			fmt.Fprintf(out, "%s  %s (was unknown: if the provider took it, the user may get it twice; publish generation %d, same idempotency key)\n", r.ID, verb, r.Gen)
 		case r.Replayed:
 			replayed++
 			fmt.Fprintf(out, "%s  %s (was %s; publish generation %d, same idempotency key)\n", r.ID, verb, r.Status, r.Gen)
-		case r.Status == "":
-			refused++
-			fmt.Fprintf(out, "%s  refused: no such row\n", r.ID)
-		case r.Status == outbox.StatusSent:
-			refused++
-			fmt.Fprintf(out, "%s  refused: already sent\n", r.ID)
 		default:
 			refused++
-			fmt.Fprintf(out, "%s  refused: still in flight (%s)\n", r.ID, r.Status)
+			if r.NeedsForce {
+				needForce++
+			}
+			fmt.Fprintf(out, "%s  refused: %s\n", r.ID, r.Refused)
 		}
 	}
 	fmt.Fprintf(out, "%d %s, %d refused\n", replayed, verb, refused)
+	if needForce > 0 {
+		fmt.Fprintf(out, "%d unknown rows need -force: their provider may not honour idempotency keys, so a replay may send them twice; check them with relay trace first\n", needForce)
+	}
 	if c.id != "" && refused > 0 {
 		return errors.New("the row was not replayed")
 	}
@@ -251,6 +271,16 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 		dash(row.ProviderRef), dash(row.LastError), ts(row.CreatedAt), ts(row.UpdatedAt), ts(row.NextAttemptAt))
 	if row.MaybeAccepted {
 		fmt.Fprintln(out, "  maybe taken   yes: an attempt may have reached the provider (a lost answer, a 5xx, or a sender that died mid-call)")
+	}
+	if !row.LeaseUntil.IsZero() && (row.Status == outbox.StatusSending || row.Status == outbox.StatusQueued) {
+		fmt.Fprintf(out, "  lease until   %s\n", ts(row.LeaseUntil))
+	}
+	if row.EndReason != "" {
+		letter := "not stored yet (the reconciler publishes it)"
+		if row.LetterSeq != nil {
+			letter = fmt.Sprintf("stored (seq %d)", *row.LetterSeq)
+		}
+		fmt.Fprintf(out, "  end reason    %s; dead letter %s\n", row.EndReason, letter)
 	}
 
 	fmt.Fprintf(out, "attempts (%d)\n", len(attempts))

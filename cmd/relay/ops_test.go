@@ -51,22 +51,28 @@ func (o *opsEnv) kill(t *testing.T, status outbox.State, reason string) uuid.UUI
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET status = $2, attempt_count = 3, last_error = 'http 400: bad' WHERE id = $1`, id, string(status)); err != nil {
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET status = $2, end_reason = $3, attempt_count = 3, last_error = 'http 400: bad' WHERE id = $1`, id, string(status), reason); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := o.pool.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
 		VALUES ($1, 1, now(), 12.5, 'permanent', 400, 21211, 'http 400: bad', 'test')`, id); err != nil {
 		t.Fatal(err)
 	}
+	o.letter(t, id, 0, reason, deadletter.IdempotencyUnknown)
+	return id
+}
+
+// letter publishes a dead letter of row id, generation gen.
+func (o *opsEnv) letter(t *testing.T, id uuid.UUID, gen int32, reason string, idem deadletter.Idempotency) {
+	t.Helper()
 	_, js := o.nats.Connect(t)
-	err = deadletter.Publisher{JetStream: js}.Publish(ctx, deadletter.Letter{
-		OutboxID: id, Reason: reason, Error: "http 400: bad", Attempts: 3, ProviderCode: 21211,
-		Payload: wire.AppendEncode(nil, wire.Send{ID: id}),
+	_, err := deadletter.Publisher{JetStream: js}.Publish(context.Background(), deadletter.Letter{
+		OutboxID: id, Gen: gen, Reason: reason, Error: "http 400: bad", Attempts: 3, ProviderCode: 21211,
+		Payload: wire.AppendEncode(nil, wire.Send{ID: id, Gen: gen}), Idempotency: idem,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return id
 }
 
 func TestDLQListFiltersByReason(t *testing.T) {
@@ -129,19 +135,77 @@ func TestDLQReplay(t *testing.T) {
 		t.Fatalf("replay of a sent row: exit %d\n%s", code, out)
 	}
 
-	// By reason: the unknown row is replayed, the sent one refused, the
-	// already replayed one is in flight now.
+	// By reason: the unknown row's letter does not say its provider honours
+	// keys, so it needs -force and is listed first; then it is replayed.
 	unknown := o.kill(t, outbox.StatusUnknown, wire.ReasonAmbiguous)
 	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "ambiguous")
-	if code != 0 || !strings.Contains(out, unknown.String()+"  replayed") {
-		t.Fatalf("replay by reason: exit %d\n%s%s", code, out, errOut)
+	if code != 0 || !strings.Contains(out, unknown.String()+"  refused: unknown at a provider") || !strings.Contains(out, "1 unknown rows need -force") {
+		t.Fatalf("replay of an unknown row without -force: exit %d\n%s%s", code, out, errOut)
 	}
+	if st, _ := outbox.Status(ctx, o.pool, unknown); st.Status != outbox.StatusUnknown {
+		t.Fatalf("the refused row is %s", st.Status)
+	}
+	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "ambiguous", "-force")
+	if code != 0 || !strings.Contains(out, unknown.String()+"  replayed (was unknown") {
+		t.Fatalf("replay by reason with -force: exit %d\n%s%s", code, out, errOut)
+	}
+	// An unknown row whose letter records an idempotent provider needs no
+	// -force: the provider would replay its stored answer.
+	safe := o.kill(t, outbox.StatusUnknown, wire.ReasonAmbiguous)
+	o.letter(t, safe, 0, wire.ReasonAmbiguous, deadletter.ProviderIdempotent) // a duplicate: the first letter stays
+	safe2 := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'unknown', end_reason = 'ambiguous', publish_gen = 1 WHERE id = $1`, safe2); err != nil {
+		t.Fatal(err)
+	}
+	o.letter(t, safe2, 1, wire.ReasonAmbiguous, deadletter.ProviderIdempotent)
+	code, out, errOut = o.run(t, "dlq", "replay", "-id", safe2.String())
+	if code != 0 || !strings.Contains(out, safe2.String()+"  replayed") {
+		t.Fatalf("replay of an unknown row at an idempotent provider: exit %d\n%s%s", code, out, errOut)
+	}
+	_ = safe
 	code, out, _ = o.run(t, "dlq", "replay", "-reason", "permanent")
 	if code != 0 || !strings.Contains(out, "still in flight (pending)") || !strings.Contains(out, "already sent") {
 		t.Fatalf("replay by reason permanent: exit %d\n%s", code, out)
 	}
 	if code, _, errOut := o.run(t, "dlq", "replay"); code != 2 || !strings.Contains(errOut, "-id") {
 		t.Fatalf("replay without a selector: exit %d %s", code, errOut)
+	}
+}
+
+// A stale letter replays nothing: a row dead (permanent) in generation 0 was
+// replayed and ended unknown in generation 1; its old permanent letter must
+// not put it back through the provider.
+func TestDLQReplayIgnoresStaleLetters(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	ctx := context.Background()
+	id := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	if code, out, errOut := o.run(t, "dlq", "replay", "-id", id.String()); code != 0 {
+		t.Fatalf("replay: exit %d\n%s%s", code, out, errOut)
+	}
+	// Generation 1 ends unknown, with its own letter.
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'unknown', end_reason = 'ambiguous', attempt_count = 1 WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	o.letter(t, id, 1, wire.ReasonAmbiguous, deadletter.ProviderNotIdempotent)
+
+	code, out, errOut := o.run(t, "dlq", "replay", "-reason", "permanent", "-force")
+	if code != 0 || !strings.Contains(out, "refused: stale letter (generation 0, permanent)") || !strings.Contains(out, "0 replayed") {
+		t.Fatalf("replay -reason permanent: exit %d\n%s%s", code, out, errOut)
+	}
+	var status string
+	var gen int
+	if err := o.pool.QueryRow(ctx, `SELECT status, publish_gen FROM sms_outbox WHERE id = $1`, id).Scan(&status, &gen); err != nil {
+		t.Fatal(err)
+	}
+	if status != "unknown" || gen != 1 {
+		t.Fatalf("row is %s in generation %d; a stale letter moved it", status, gen)
+	}
+	// Its current letter does describe it; at a provider without
+	// idempotency it still needs -force.
+	code, out, _ = o.run(t, "dlq", "replay", "-reason", "ambiguous")
+	if code != 0 || !strings.Contains(out, "need -force") {
+		t.Fatalf("replay -reason ambiguous: exit %d\n%s", code, out)
 	}
 }
 

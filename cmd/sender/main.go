@@ -88,7 +88,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.retryBase, "retry-base", "RETRY_BASE", 500*time.Millisecond, time.Millisecond, time.Hour, "backoff base: delay ~ U(0, min(cap, base*2^attempt))")
 	s.Duration(&c.retryCap, "retry-cap", "RETRY_CAP", 60*time.Second, time.Millisecond, 24*time.Hour, "backoff cap")
 	s.Duration(&c.dbTimeout, "db-timeout", "DB_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
-	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown")
+	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown: how long, after SIGTERM, the sender keeps trying to claim, write and dead-letter what it holds through an outage")
 	s.Check(func() error {
 		switch {
 		case c.providerKind == "generic" && c.apiBase == "":
@@ -220,7 +220,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	snd, err := sender.New(sender.Config{
 		Pool: pool, JetStream: js, Provider: prov, Concurrency: c.concurrency,
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.dbTimeout,
-		Logger: root, Registerer: reg,
+		ShutdownTimeout: c.shutdown, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -246,7 +246,9 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	case <-ctx.Done():
 		select {
 		case err = <-done:
-		case <-time.After(c.shutdown):
+		case <-time.After(c.shutdown + 5*time.Second):
+			// The sender gives up on what it holds at c.shutdown; this is
+			// the backstop for a drain stuck elsewhere.
 			return fmt.Errorf("shutdown did not finish within %s", c.shutdown)
 		}
 	}

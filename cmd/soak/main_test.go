@@ -131,7 +131,7 @@ func TestLetteredRows(t *testing.T) {
 		t.Fatalf("empty stream: %v, %v", got, err)
 	}
 	id := uuid.New()
-	if err := (deadletter.Publisher{JetStream: js}).Publish(ctx, deadletter.Letter{OutboxID: id, Reason: "max_attempts", Payload: []byte(`{}`)}); err != nil {
+	if _, err := (deadletter.Publisher{JetStream: js}).Publish(ctx, deadletter.Letter{OutboxID: id, Reason: "max_attempts", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.letteredRows(ctx)

@@ -37,11 +37,25 @@ type Letter struct {
 	// StreamSeq identifies a letter for a message that named no row: the
 	// sequence of that message in the SMS stream.
 	StreamSeq uint64
+	// Idempotency records whether the provider the row's attempts went to
+	// honours idempotency keys, when the publisher knew: an operator replay
+	// of an unknown row is safe only then.
+	Idempotency Idempotency
 
 	// Seq and Time are set on letters read back from the stream.
 	Seq  uint64
 	Time time.Time
 }
+
+// Idempotency says what a dead letter's publisher knew of the provider.
+type Idempotency int8
+
+// The values of Idempotency; the zero value is "not known".
+const (
+	IdempotencyUnknown Idempotency = iota
+	ProviderIdempotent
+	ProviderNotIdempotent
+)
 
 // MsgID returns the letter's Nats-Msg-Id: one per row and publish
 // generation, so that dead-lettering the same publication twice (a crash
@@ -64,8 +78,10 @@ type Publisher struct {
 	Timeout time.Duration
 }
 
-// Publish stores l and waits for its PubAck; a duplicate counts as stored.
-func (p Publisher) Publish(ctx context.Context, l Letter) error {
+// Publish stores l, waits for its PubAck and returns the letter's stream
+// sequence; a duplicate counts as stored (JetStream then answers with the
+// sequence of the letter stored first).
+func (p Publisher) Publish(ctx context.Context, l Letter) (uint64, error) {
 	subject, stream := p.Subject, p.Stream
 	if subject == "" {
 		subject = "sms.dlq"
@@ -89,12 +105,19 @@ func (p Publisher) Publish(ctx context.Context, l Letter) error {
 	if l.ProviderCode != 0 {
 		m.Header.Set(wire.HeaderProviderCode, strconv.Itoa(l.ProviderCode))
 	}
+	switch l.Idempotency {
+	case ProviderIdempotent:
+		m.Header.Set(wire.HeaderIdempotent, "true")
+	case ProviderNotIdempotent:
+		m.Header.Set(wire.HeaderIdempotent, "false")
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	if _, err := p.JetStream.PublishMsg(ctx, m, jetstream.WithMsgID(l.MsgID()), jetstream.WithExpectStream(stream)); err != nil {
-		return fmt.Errorf("publish dead letter: %w", err)
+	ack, err := p.JetStream.PublishMsg(ctx, m, jetstream.WithMsgID(l.MsgID()), jetstream.WithExpectStream(stream))
+	if err != nil {
+		return 0, fmt.Errorf("publish dead letter: %w", err)
 	}
-	return nil
+	return ack.Sequence, nil
 }
 
 // Filter selects dead letters.
@@ -189,6 +212,12 @@ func Parse(m jetstream.Msg) (Letter, error) {
 	l.ProviderCode, _ = strconv.Atoi(h.Get(wire.HeaderProviderCode))
 	gen, _ := strconv.Atoi(h.Get(wire.HeaderGen))
 	l.Gen = int32(gen)
+	switch h.Get(wire.HeaderIdempotent) {
+	case "true":
+		l.Idempotency = ProviderIdempotent
+	case "false":
+		l.Idempotency = ProviderNotIdempotent
+	}
 	if md, err := m.Metadata(); err == nil {
 		l.Seq = md.Sequence.Stream
 		l.Time = md.Timestamp

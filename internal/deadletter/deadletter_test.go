@@ -29,16 +29,16 @@ func TestPublishIsDeduplicatedPerGeneration(t *testing.T) {
 		Payload: wire.AppendEncode(nil, wire.Send{ID: id}),
 	}
 	for range 3 {
-		if err := p.Publish(ctx, l); err != nil {
+		if _, err := p.Publish(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
 	l.Gen = 1
-	if err := p.Publish(ctx, l); err != nil {
+	if _, err := p.Publish(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	other := deadletter.Letter{Reason: wire.ReasonInvalid, Error: "not json", Payload: []byte("x"), StreamSeq: 7}
-	if err := p.Publish(ctx, other); err != nil {
+	if _, err := p.Publish(ctx, other); err != nil {
 		t.Fatal(err)
 	}
 	all, err := deadletter.List(ctx, js, "", deadletter.Filter{})

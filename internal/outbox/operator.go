@@ -11,79 +11,147 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ReplayResult says what Replay did with one id.
+// ReplayTarget names a row to replay.
+type ReplayTarget struct {
+	// ID is the row.
+	ID uuid.UUID
+	// FromLetter restricts the replay to a row whose current state is the
+	// one its dead letter describes: dead or unknown, publish generation
+	// Gen, dead-letter reason Reason. A letter older than the row's state
+	// (the row was replayed since and ended again, perhaps for another
+	// reason) replays nothing.
+	FromLetter bool
+	Gen        int32
+	Reason     string
+	// SafeUnknown says that replaying the row if it is unknown cannot send
+	// it twice: its attempts went to a provider that honours idempotency
+	// keys (as its dead letter recorded).
+	SafeUnknown bool
+}
+
+// ReplayOptions tune Replay.
+type ReplayOptions struct {
+	// DryRun reports what would be done and changes nothing.
+	DryRun bool
+	// Force replays unknown rows that are not SafeUnknown: at a provider
+	// without idempotency the message may then be sent twice.
+	Force bool
+}
+
+// ReplayResult says what Replay did with one row.
 type ReplayResult struct {
 	// ID is the row id.
 	ID uuid.UUID
 	// Status is the row's status before the replay ("" when there is no row).
 	Status State
-	// Replayed is true when the row went back to pending.
+	// Replayed is true when the row went back to pending (or would, in a
+	// dry run).
 	Replayed bool
 	// Gen is the new publish generation (when replayed).
 	Gen int32
+	// Refused says why the row was not replayed (when not replayed).
+	Refused string
+	// NeedsForce marks an unknown row refused only for want of Force.
+	NeedsForce bool
 }
 
-// Replay puts the dead or unknown rows ids back to pending with the same id
-// (the same idempotency key), a new publish generation (so JetStream does not
-// deduplicate the republication) and a fresh attempt budget; the attempts log
-// keeps the history. Sent rows are refused, and so are rows still in flight.
-// With dryRun it reports what it would do and changes nothing.
-func Replay(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, dryRun bool) ([]ReplayResult, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen FROM sms_outbox
-		WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
-	type cur struct {
-		id     uuid.UUID
-		status *string
-		gen    *int32
+// Replay puts dead or unknown rows back to pending with the same id (the
+// same idempotency key), a new publish generation (so JetStream does not
+// deduplicate the republication) and a fresh attempt budget; the attempts
+// log keeps the history. Sent rows are refused, and so are rows still in
+// flight, rows whose letter is stale (see ReplayTarget.FromLetter) and,
+// unless opts.Force, unknown rows that are not SafeUnknown. It returns one
+// result per distinct row, in the order of targets.
+func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayOptions) ([]ReplayResult, error) {
+	ids := make([]uuid.UUID, 0, len(targets))
+	for _, t := range targets {
+		ids = append(ids, t.ID)
 	}
-	locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cur, error) {
-		var c cur
-		err := r.Scan(&c.id, &c.status, &c.gen)
-		return c, err
-	})
-	if err != nil {
+	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, coalesce(end_reason, '') FROM sms_outbox
+		WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`, uuidArray(ids))
+	type cur struct {
+		status State
+		gen    int32
+		reason string
+	}
+	byID := map[uuid.UUID]cur{}
+	var (
+		id     uuid.UUID
+		c      cur
+		status string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status, &c.gen, &c.reason}, func() error {
+		c.status = State(status)
+		byID[id] = c
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("outbox: replay: %w", err)
 	}
-	byID := make(map[uuid.UUID]cur, len(locked))
-	for _, c := range locked {
-		byID[c.id] = c
+	// A row named by several letters is replayed by the one that describes
+	// its current state, if any.
+	pick := map[uuid.UUID]ReplayTarget{}
+	var order []uuid.UUID
+	for _, t := range targets {
+		prev, seen := pick[t.ID]
+		if !seen {
+			order = append(order, t.ID)
+		}
+		c, ok := byID[t.ID]
+		if !seen || (ok && !matches(prev, c.gen, c.reason) && matches(t, c.gen, c.reason)) {
+			pick[t.ID] = t
+		}
 	}
-	found := make([]cur, 0, len(ids))
-	for _, id := range ids {
+	out := make([]ReplayResult, 0, len(order))
+	for _, id := range order {
+		t := pick[id]
 		c, ok := byID[id]
-		if !ok {
-			c = cur{id: id}
+		r := ReplayResult{ID: id, Status: c.status}
+		switch {
+		case !ok:
+			r.Refused = "no such row"
+		case c.status != StatusDead && c.status != StatusUnknown:
+			r.Refused = refusal(c.status)
+		case !matches(t, c.gen, c.reason):
+			r.Refused = fmt.Sprintf("stale letter (generation %d, %s): the row is now %s in generation %d (%s)",
+				t.Gen, t.Reason, c.status, c.gen, c.reason)
+		case c.status == StatusUnknown && !t.SafeUnknown && !opts.Force:
+			r.Refused = "unknown at a provider that may not honour idempotency keys: a replay may send it twice (-force)"
+			r.NeedsForce = true
+		default:
+			r.Replayed, r.Gen = true, c.gen+1
 		}
-		found = append(found, c)
-	}
-	out := make([]ReplayResult, 0, len(found))
-	for _, c := range found {
-		r := ReplayResult{ID: c.id}
-		if c.status != nil {
-			r.Status = State(*c.status)
-		}
-		if r.Status == StatusDead || r.Status == StatusUnknown {
-			r.Replayed, r.Gen = true, *c.gen+1
-			if !dryRun {
-				_, err := tx.Exec(ctx, `UPDATE sms_outbox
-					SET status = 'pending', publish_gen = publish_gen + 1, attempt_count = 0,
-					    next_attempt_at = now(), updated_at = now(), stream_seq = NULL,
-					    last_error = 'replayed by operator; before: ' || coalesce(last_error, '')
-					WHERE id = $1 AND status IN ('dead', 'unknown')`, c.id)
-				if err != nil {
-					return nil, fmt.Errorf("outbox: replay %s: %w", c.id, err)
-				}
+		if r.Replayed && !opts.DryRun {
+			_, err := tx.Exec(ctx, `UPDATE sms_outbox
+				SET status = 'pending', publish_gen = publish_gen + 1, attempt_count = 0,
+				    next_attempt_at = now(), updated_at = now(), stream_seq = NULL,
+				    claim_id = NULL, lease_until = NULL, end_reason = NULL, letter_seq = NULL,
+				    last_error = 'replayed by operator; before: ' || coalesce(last_error, '')
+				WHERE id = $1 AND status IN ('dead', 'unknown')`, id)
+			if err != nil {
+				return nil, fmt.Errorf("outbox: replay %s: %w", id, err)
 			}
 		}
 		out = append(out, r)
 	}
-	if !dryRun {
+	if !opts.DryRun {
 		// Wake the relays now rather than at their next poll.
 		if _, err := tx.Exec(ctx, `SELECT pg_notify('sms_outbox', '')`); err != nil {
 			return nil, fmt.Errorf("outbox: replay: notify: %w", err)
 		}
 	}
 	return out, nil
+}
+
+func matches(t ReplayTarget, gen int32, reason string) bool {
+	return !t.FromLetter || (t.Gen == gen && t.Reason == reason)
+}
+
+func refusal(s State) string {
+	switch s {
+	case StatusSent:
+		return "already sent"
+	}
+	return fmt.Sprintf("still in flight (%s)", s)
 }
 
 // Row is everything the operator's trace shows of an outbox row; the phone
@@ -101,27 +169,34 @@ type Row struct {
 	NextAttemptAt          time.Time
 	// MaybeAccepted is set once an attempt may have reached the provider.
 	MaybeAccepted bool
+	// LeaseUntil is when the latest claim's lease ends (zero if never
+	// claimed since leases were stamped).
+	LeaseUntil time.Time
+	// EndReason is the dead-letter reason of a dead or unknown row.
+	EndReason string
+	// LetterSeq is the SMS_DLQ sequence of the row's dead letter, nil while
+	// it is not stored.
+	LetterSeq *int64
 }
 
 // GetRow reads one row for a trace.
 func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	var r Row
 	var to string
-	var ref, lastErr *string
-	err := q.QueryRow(ctx, `SELECT id, status, to_e164, char_length(body), attempt_count, max_attempts,
-			publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at, next_attempt_at, maybe_accepted
-		FROM sms_outbox WHERE id = $1`, id).
-		Scan(&r.ID, &r.Status, &to, &r.BodyChars, &r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq,
-			&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted)
+	var ref, lastErr, reason *string
+	var leaseUntil *time.Time
+	const rest = `attempt_count, max_attempts, publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at,
+		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq`
+	dest := []any{&r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt,
+		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq}
+	err := q.QueryRow(ctx, `SELECT id, status, to_e164, char_length(body), `+rest+` FROM sms_outbox WHERE id = $1`, id).
+		Scan(append([]any{&r.ID, &r.Status, &to, &r.BodyChars}, dest...)...)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		// A role without access to the number and the body (the relay's)
 		// still sees everything else.
-		err = q.QueryRow(ctx, `SELECT id, status, attempt_count, max_attempts,
-				publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at, next_attempt_at, maybe_accepted
-			FROM sms_outbox WHERE id = $1`, id).
-			Scan(&r.ID, &r.Status, &r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq,
-				&ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted)
+		err = q.QueryRow(ctx, `SELECT id, status, `+rest+` FROM sms_outbox WHERE id = $1`, id).
+			Scan(append([]any{&r.ID, &r.Status}, dest...)...)
 		to, r.BodyChars = "", -1
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -139,6 +214,12 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	}
 	if lastErr != nil {
 		r.LastError = *lastErr
+	}
+	if reason != nil {
+		r.EndReason = *reason
+	}
+	if leaseUntil != nil {
+		r.LeaseUntil = *leaseUntil
 	}
 	return r, nil
 }

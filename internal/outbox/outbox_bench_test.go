@@ -93,7 +93,7 @@ func BenchmarkClaimForSend(b *testing.B) {
 					ids = pgtest.LoadRows(b, pool, benchRefill, string(outbox.StatusQueued))
 					b.StartTimer()
 				}
-				claims, err := outbox.ClaimForSend(ctx, pool, ids[:batch], 25*time.Second)
+				claims, err := outbox.ClaimForSend(ctx, pool, ids[:batch], 25*time.Second, uuid.New())
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -136,7 +136,7 @@ func BenchmarkWriteResults(b *testing.B) {
 				var n int64
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					var err error
-					applied, err := outbox.ApplyResults(ctx, tx, results, attempts)
+					applied, err := outbox.ApplyResults(ctx, tx, results, attempts, false)
 					n = int64(len(applied))
 					return err
 				})

@@ -29,16 +29,19 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 
 // ClaimStuck locks up to limit rows that no message will move any more, in
 // tx, skipping rows another reconciler holds:
+//   - queued rows parked in Postgres (a sender acked their message and left
+//     them to wait for a long retry; stream_seq is NULL) once they are due;
 //   - queued rows whose retry time passed more than grace ago, whose current
 //     publication the consumer has already delivered (stream_seq at or below
 //     deliveredSeq: a row behind it in a backlog is only waiting), and not
 //     touched for grace;
-//   - sending rows not touched for grace: the attempt died and no
-//     redelivery came to take the expired lease over.
+//   - sending rows whose claim's lease ran out more than grace ago: the
+//     attempt died and no redelivery came to take the expired lease over.
 //
-// grace must exceed the senders' lease plus the consumer's AckWait, or live
-// work is republished (harmless, the senders' claim deduplicates, but
-// wasteful).
+// grace must exceed the consumer's AckWait, or live work is republished
+// (harmless, the senders' claim deduplicates, but wasteful). The lease is
+// each claim's own, stamped in the row by the database clock, so grace need
+// not know the senders' lease setting.
 //
 // A row whose stream_seq is beyond lastSeq belongs to a stream that was lost
 // and recreated (its sequences started again): it is stuck too.
@@ -46,12 +49,14 @@ func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, deliveredSe
 	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted
 		FROM sms_outbox
 		WHERE status IN ('queued', 'sending')
-		  AND updated_at < now() - $1::interval
-		  AND next_attempt_at < now() - $1::interval
-		  AND (status = 'sending' OR stream_seq IS NULL OR stream_seq <= $2 OR stream_seq > $4)
+		  AND ((status = 'sending' AND coalesce(lease_until, updated_at) < now() - $1::interval
+		                           AND next_attempt_at < now() - $1::interval)
+		    OR (status = 'queued' AND stream_seq IS NULL AND next_attempt_at <= now())
+		    OR (status = 'queued' AND updated_at < now() - $1::interval AND next_attempt_at < now() - $1::interval
+		                          AND (stream_seq <= $2 OR stream_seq > $4)))
 		ORDER BY updated_at
 		LIMIT $3
-		FOR UPDATE SKIP LOCKED`, grace, int64(min(deliveredSeq, 1<<62)), limit, int64(min(lastSeq, 1<<62)))
+		FOR NO KEY UPDATE SKIP LOCKED`, grace, int64(min(deliveredSeq, 1<<62)), limit, int64(min(lastSeq, 1<<62)))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
 		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted)
@@ -80,10 +85,13 @@ func MarkRepublished(ctx context.Context, tx pgx.Tx, id uuid.UUID, gen int32, se
 }
 
 // Finalize ends a stuck row whose attempts are spent with status (dead or
-// unknown) and reason, and records the decision in the attempts log.
-func Finalize(ctx context.Context, tx pgx.Tx, s Stuck, status State, outcome, reason string) error {
-	tag, err := tx.Exec(ctx, `UPDATE sms_outbox SET status = $2, last_error = $3, updated_at = now()
-		WHERE id = $1 AND status IN ('queued', 'sending')`, s.ID, string(status), reason)
+// unknown), dead-letter reason and error text, and records the decision in
+// the attempts log. The row's dead letter is then published (and recorded
+// with MarkLettered) after the transaction commits; until it is, the row is
+// among those ClaimUnlettered finds.
+func Finalize(ctx context.Context, tx pgx.Tx, s Stuck, status State, reason, msg string) error {
+	tag, err := tx.Exec(ctx, `UPDATE sms_outbox SET status = $2, end_reason = $3, last_error = $4, updated_at = now()
+		WHERE id = $1 AND status IN ('queued', 'sending')`, s.ID, string(status), reason, msg)
 	if err != nil {
 		return fmt.Errorf("outbox: finalize stuck row: %w", err)
 	}
@@ -91,6 +99,6 @@ func Finalize(ctx context.Context, tx pgx.Tx, s Stuck, status State, outcome, re
 		return nil
 	}
 	return insertAttempts(ctx, tx, []Attempt{{
-		OutboxID: s.ID, Number: s.Attempts, StartedAt: time.Now(), Outcome: outcome, Error: reason, Sender: "reconciler",
-	}})
+		OutboxID: s.ID, Number: s.Attempts, StartedAt: time.Now(), Outcome: reason, Error: msg, Sender: "reconciler",
+	}}, false)
 }

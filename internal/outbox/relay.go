@@ -39,7 +39,7 @@ func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) 
 		WHERE status = 'pending'
 		ORDER BY created_at
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED`, limit)
+		FOR NO KEY UPDATE SKIP LOCKED`, limit)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pending, error) {
 		var p Pending
 		err := r.Scan(&p.ID, &p.Gen)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,14 +16,20 @@ type ClaimResult int
 
 // The results of ClaimForSend, one per requested id.
 const (
-	// Claimed: the row is now sending and the attempt may call the provider.
+	// Claimed: the row is now sending under this claim and the attempt may
+	// call the provider. A claim run again with the same token (its first
+	// answer was lost) finds the rows it took as Claimed again, with the
+	// same attempt number.
 	Claimed ClaimResult = iota + 1
-	// ClaimedStale: as Claimed, but the row was found sending with an expired
-	// lease: an earlier attempt died mid-call and its outcome is unknown.
+	// ClaimedStale: as Claimed, but the row was found sending under another
+	// claim whose lease had run out: that attempt ended without reporting
+	// back (its sender died, or lost the database for longer than its
+	// lease), and its outcome is unknown.
 	ClaimedStale
-	// AlreadyTerminal: the row is sent, dead or unknown; ack and skip.
+	// AlreadyTerminal: the row is finished (sent, dead or unknown); ack and
+	// skip.
 	AlreadyTerminal
-	// Leased: another attempt holds a live lease (a concurrent delivery of
+	// Leased: another claim holds a live lease (a concurrent delivery of
 	// the same row), or the row waits for its retry time (a second copy of
 	// its message); back off for LeaseLeft without calling the provider.
 	Leased
@@ -36,24 +43,25 @@ type Claim struct {
 	ID uuid.UUID
 	// Result is what the claim found.
 	Result ClaimResult
-	// Prev is the status before the claim.
+	// Prev is the status before the claim (for a claim run again, the
+	// status the first run left: sending).
 	Prev State
 	// To and Body are the message (set when claimed).
 	To, Body string
 	// Attempt is the number of this attempt, counting from 1 (set when
-	// claimed; the claim increments attempt_count).
+	// claimed; the claim increments attempt_count once per token).
 	Attempt int
 	// MaxAttempts is the row's attempt budget.
 	MaxAttempts int
 	// Gen is the row's publish generation.
 	Gen int32
-	// Lease is the lease the claim took: the updated_at it stamped. Only a
-	// claim or a replay changes it while the row is unfinished, so with
-	// Attempt it names this attempt (set when claimed).
-	Lease time.Time
+	// Token is the claim's token (set when claimed): every write of this
+	// attempt's outcome is fenced on it.
+	Token uuid.UUID
 	// CreatedAt is the row's insert time, for commit-to-sent latency.
 	CreatedAt time.Time
-	// LeaseLeft is how long a live lease still runs (set when Leased).
+	// LeaseLeft is how long a live lease or a retry wait still runs (set
+	// when Leased).
 	LeaseLeft time.Duration
 	// MaybeAccepted is set when an earlier attempt, or the attempt this
 	// stale claim takes over, may have reached the provider: if the budget
@@ -61,82 +69,93 @@ type Claim struct {
 	MaybeAccepted bool
 }
 
-// ClaimForSend claims the rows ids for one provider attempt each and returns
-// one Claim per distinct id, in no particular order. A row is claimed from
-// pending (the relay's commit may lose the race with the delivery), queued
-// once its next_attempt_at is due (within a second, for clock skew), or
-// sending with a lease older than lease; claiming sets it sending,
-// increments attempt_count and renews the lease. Rows are locked in id order,
-// so concurrent claims of overlapping sets cannot deadlock; a row the relay
-// still holds is waited for, and then seen as queued.
-func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, lease time.Duration) ([]Claim, error) {
+// ClaimForSend claims the rows ids for one provider attempt each under the
+// claim token token and returns one Claim per distinct id, in no particular
+// order. A row is claimed from pending (the relay's commit may lose the race
+// with the delivery), queued once its next_attempt_at is due (within a
+// second), or sending when its lease has run out; claiming sets it sending,
+// increments attempt_count, records the token and stamps a lease of lease
+// from the database's clock. A row already sending under token (this claim,
+// run again because its answer was lost) is returned as Claimed with its
+// lease renewed and its attempt count unchanged, so that a lost answer is
+// never mistaken for a sender that died mid-call.
+//
+// Rows are locked in id order with FOR NO KEY UPDATE (which does not block
+// the attempts log's foreign-key checks), so concurrent claims of
+// overlapping sets cannot deadlock; a row the relay still holds is waited
+// for, and then seen as queued.
+func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, lease time.Duration, token uuid.UUID) ([]Claim, error) {
 	rows, _ := q.Query(ctx, `
 WITH want AS (
 	SELECT DISTINCT unnest($1::uuid[]) AS id
 ), cur AS (
-	SELECT o.id, o.status, o.updated_at, o.next_attempt_at
+	SELECT o.id, o.status, o.claim_id,
+	       coalesce(o.lease_until, o.updated_at + $2::interval) AS lease_until, o.next_attempt_at
 	FROM sms_outbox o JOIN want USING (id)
 	ORDER BY o.id
-	FOR UPDATE OF o
+	FOR NO KEY UPDATE OF o
 ), upd AS (
 	UPDATE sms_outbox o
-	SET status = 'sending', attempt_count = o.attempt_count + 1, updated_at = now(),
-	    maybe_accepted = o.maybe_accepted OR cur.status = 'sending'
-	FROM cur
+	SET status = 'sending',
+	    attempt_count = CASE WHEN mine THEN o.attempt_count ELSE o.attempt_count + 1 END,
+	    claim_id = $3, lease_until = clock_timestamp() + $2::interval, updated_at = clock_timestamp(),
+	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine)
+	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
 	WHERE o.id = cur.id
 	  AND (cur.status = 'pending'
-	       OR (cur.status = 'queued' AND cur.next_attempt_at <= now() + interval '1 second')
-	       OR (cur.status = 'sending' AND cur.updated_at <= now() - $2::interval))
-	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at, o.maybe_accepted, o.updated_at
+	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
+	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
+	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at,
+	          o.maybe_accepted, cur.mine
 )
-SELECT want.id, cur.status, cur.updated_at, cur.next_attempt_at, upd.id IS NOT NULL,
+SELECT want.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
-       coalesce(upd.maybe_accepted, false), upd.updated_at, now()
+       coalesce(upd.maybe_accepted, false), clock_timestamp()
 FROM want
 LEFT JOIN cur ON cur.id = want.id
-LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease)
+LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease, token)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
 		var (
-			c         Claim
-			prev      *string
-			touched   *time.Time
-			due       *time.Time
-			claimed   bool
-			to, body  *string
-			attempt   *int32
-			maxAtt    *int32
-			gen       *int32
-			createdAt *time.Time
-			leaseAt   *time.Time
-			now       time.Time
+			c          Claim
+			prev       *string
+			leaseUntil *time.Time
+			due        *time.Time
+			claimed    bool
+			mine       bool
+			to, body   *string
+			attempt    *int32
+			maxAtt     *int32
+			gen        *int32
+			createdAt  *time.Time
+			now        time.Time
 		)
-		if err := r.Scan(&c.ID, &prev, &touched, &due, &claimed, &to, &body, &attempt, &maxAtt, &gen, &createdAt, &c.MaybeAccepted, &leaseAt, &now); err != nil {
+		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
+			&createdAt, &c.MaybeAccepted, &now); err != nil {
 			return c, err
 		}
 		switch {
 		case prev == nil:
 			c.Result = NotFound
-			return c, nil
 		case claimed:
 			c.Prev = State(*prev)
 			c.Result = Claimed
-			if c.Prev == StatusSending {
+			if c.Prev == StatusSending && !mine {
 				c.Result = ClaimedStale
 			}
-			c.To, c.Body = *to, *body
+			c.To, c.Body, c.Token = *to, *body, token
 			c.Attempt, c.MaxAttempts, c.Gen = int(*attempt), int(*maxAtt), *gen
-			c.CreatedAt, c.Lease = *createdAt, *leaseAt
+			c.CreatedAt = *createdAt
 		default:
 			c.Prev = State(*prev)
 			if c.Prev.Terminal() {
 				c.Result = AlreadyTerminal
+				break
+			}
+			c.Result = Leased
+			if c.Prev == StatusQueued {
+				c.LeaseLeft = max(0, due.Sub(now))
 			} else {
-				c.Result = Leased
-				if c.Prev == StatusQueued {
-					c.LeaseLeft = max(0, due.Sub(now))
-				} else {
-					c.LeaseLeft = max(0, touched.Add(lease).Sub(now))
-				}
+				c.LeaseLeft = max(0, leaseUntil.Sub(now))
 			}
 		}
 		return c, nil
@@ -158,18 +177,32 @@ type Result struct {
 	ProviderRef string
 	// Error is the failure, without personal data (other statuses).
 	Error string
-	// RetryAt is when the next attempt is due (StatusQueued).
-	RetryAt time.Time
-	// Attempt and Lease are the attempt's claim's (Claim.Attempt and
-	// Claim.Lease): they fence retry, dead and unknown writes, so that an
-	// overtaken attempt changes nothing, nor one from before a replay (which
-	// counts attempts from zero again). A republication by the reconciler
-	// keeps the lease, so a slow attempt it overlapped still writes.
-	Attempt int
-	Lease   time.Time
+	// Reason is the dead-letter reason (StatusDead, StatusUnknown).
+	Reason string
+	// RetryIn is how long after the write the next attempt is due
+	// (StatusQueued); the database's clock stamps next_attempt_at.
+	RetryIn time.Duration
+	// Park marks a retry whose message is acked rather than handed back
+	// with a delay (StatusQueued): the row waits in Postgres, and the
+	// reconciler republishes it once it is due.
+	Park bool
+	// Token is the claim token of the attempt (Claim.Token): retry, dead
+	// and unknown writes apply only while that claim still holds the row,
+	// so that an overtaken attempt changes nothing, nor one from before a
+	// replay. A republication by the reconciler keeps the claim, so a slow
+	// attempt it overlapped still writes.
+	Token uuid.UUID
 	// MaybeAccepted marks a retry whose attempt may have reached the
 	// provider; it sets the row's sticky maybe_accepted (StatusQueued).
 	MaybeAccepted bool
+}
+
+// Written describes a row a status write changed.
+type Written struct {
+	// Gen is the row's publish generation, for its dead letter's id.
+	Gen int32
+	// Attempts is the row's attempt count.
+	Attempts int
 }
 
 // Attempt is one record of the attempts log: a provider call, or a decision
@@ -193,93 +226,188 @@ type Attempt struct {
 	Sender string
 }
 
-// ApplyResults writes a batch of attempt outcomes in three statements and
-// returns the ids whose write applied. Each write is guarded so it never
-// moves a row backwards: sent is written over any non-terminal status (the
-// provider accepted, whatever else happened); a retry, dead or unknown only
-// by the attempt that still owns the row: the row is sending and its
-// attempt_count is the result's Attempt. A write from an attempt that was
-// overtaken (its lease expired and another attempt claimed the row, or an
-// operator replayed it) changes nothing. attempts are appended to the
-// attempts log in the same transaction. Text is made safe for the database
-// (valid UTF-8, no NUL) so that one hostile provider answer cannot fail the
-// batch.
-func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []Attempt) (map[uuid.UUID]bool, error) {
-	if err := insertAttempts(ctx, tx, attempts); err != nil {
+// ApplyResults writes a batch of attempt outcomes and returns the rows whose
+// write applied. Each write is guarded so it never moves a row backwards:
+// sent is written over any unfinished status, and over unknown (the
+// provider's own answer is the evidence that settles it); a retry, dead or
+// unknown only by the claim that still holds the row (its token), which
+// also makes writing the same result twice harmless (a retry after an error
+// whose commit went through applies again to the row it already moved). A
+// write from an attempt that was overtaken (another claim took the row, or
+// an operator replayed it) changes nothing. attempts are appended to the
+// attempts log in the same transaction; again says the batch may have been
+// committed before (its answer was lost), and then a record already in the
+// log is not added twice. Text is made safe for the database (valid UTF-8,
+// no NUL) so that one hostile provider answer cannot fail the batch.
+//
+// Rows are updated by one statement per batch that locks them in id order,
+// so two writers, or a writer and a claim, cannot deadlock.
+func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []Attempt, again bool) (map[uuid.UUID]Written, error) {
+	if err := insertAttempts(ctx, tx, attempts, again); err != nil {
 		return nil, err
 	}
-	var (
-		sentIDs, retryIDs, endIDs []uuid.UUID
-		refs, retryErrs, endErrs  []string
-		retryAt                   []time.Time
-		retryAtt, endAtt          []int32
-		retryLease, endLease      []time.Time
-		retryMaybe                []bool
-		endStatus                 []string
-	)
-	for _, r := range results {
-		switch r.Status {
-		case StatusSent:
-			sentIDs = append(sentIDs, r.ID)
-			refs = append(refs, clean(r.ProviderRef))
-		case StatusQueued:
-			retryIDs = append(retryIDs, r.ID)
-			retryErrs = append(retryErrs, clean(r.Error))
-			retryAt = append(retryAt, r.RetryAt)
-			retryAtt = append(retryAtt, int32(r.Attempt))
-			retryLease = append(retryLease, r.Lease)
-			retryMaybe = append(retryMaybe, r.MaybeAccepted)
-		case StatusDead, StatusUnknown:
-			endIDs = append(endIDs, r.ID)
-			endErrs = append(endErrs, clean(r.Error))
-			endStatus = append(endStatus, string(r.Status))
-			endAtt = append(endAtt, int32(r.Attempt))
-			endLease = append(endLease, r.Lease)
-		default:
-			return nil, fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
+	written := make(map[uuid.UUID]Written, len(results))
+	// One statement updates a row once: a second result for the same row in
+	// one batch (a late outcome of an overtaken attempt beside the new one)
+	// goes to a statement of its own.
+	rest := slices.Clone(results)
+	slices.SortFunc(rest, func(a, b Result) int { return compareUUID(a.ID, b.ID) })
+	for len(rest) > 0 {
+		var round, later []Result
+		for i, r := range rest {
+			if i > 0 && r.ID == rest[i-1].ID {
+				later = append(later, r)
+				continue
+			}
+			round = append(round, r)
 		}
+		if err := applyRound(ctx, tx, round, written); err != nil {
+			return nil, err
+		}
+		rest = later
 	}
-	applied := make(map[uuid.UUID]bool, len(results))
-	collect := func(what, sql string, args ...any) error {
-		rows, _ := tx.Query(ctx, sql, args...)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		if err != nil {
-			return fmt.Errorf("outbox: write %s: %w", what, err)
+	return written, nil
+}
+
+func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
+	n := len(results)
+	var (
+		ids      = make([]uuid.UUID, n)
+		statuses = make([]string, n)
+		refs     = make([]string, n)
+		errs     = make([]string, n)
+		reasons  = make([]*string, n)
+		delays   = make([]float64, n)
+		parks    = make([]bool, n)
+		tokens   = make([]uuid.UUID, n)
+		maybes   = make([]bool, n)
+	)
+	for i, r := range results {
+		switch r.Status {
+		case StatusSent, StatusQueued, StatusDead, StatusUnknown:
+		default:
+			return fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
 		}
-		for _, id := range ids {
-			applied[id] = true
+		ids[i], statuses[i], tokens[i] = r.ID, string(r.Status), r.Token
+		refs[i], errs[i] = clean(r.ProviderRef), clean(r.Error)
+		if r.Reason != "" {
+			reason := r.Reason
+			reasons[i] = &reason
 		}
+		delays[i], parks[i], maybes[i] = r.RetryIn.Seconds(), r.Park, r.MaybeAccepted
+	}
+	// The rows are locked first, in id order, through the primary key (the
+	// batch's ids, not a join with the unnest: a join there made Postgres
+	// hash-join two sequential scans of the table); the update then finds
+	// each row by its key.
+	rows, _ := tx.Query(ctx, `
+WITH locked AS (
+	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE sms_outbox o
+SET status = v.status,
+    provider_ref = CASE WHEN v.status = 'sent' THEN v.ref ELSE o.provider_ref END,
+    last_error = CASE WHEN v.status = 'sent' THEN NULL ELSE v.err END,
+    end_reason = CASE WHEN v.status IN ('dead', 'unknown') THEN v.reason END,
+    next_attempt_at = CASE WHEN v.status = 'queued'
+                           THEN clock_timestamp() + v.delay * interval '1 second' ELSE o.next_attempt_at END,
+    stream_seq = CASE WHEN v.status = 'queued' AND v.park THEN NULL ELSE o.stream_seq END,
+    maybe_accepted = o.maybe_accepted OR v.maybe,
+    updated_at = clock_timestamp()
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[])
+         AS v(id, status, ref, err, reason, delay, park, token, maybe)
+     JOIN locked USING (id)
+WHERE o.id = v.id
+  AND CASE WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown')
+           ELSE o.claim_id = v.token AND o.status IN ('sending', v.status) END
+RETURNING o.id, o.publish_gen, o.attempt_count`,
+		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes)
+	var (
+		id       uuid.UUID
+		gen      int32
+		attempts int32
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &gen, &attempts}, func() error {
+		written[id] = Written{Gen: gen, Attempts: int(attempts)}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: write results: %w", err)
+	}
+	return nil
+}
+
+func compareUUID(a, b uuid.UUID) int {
+	return strings.Compare(string(a[:]), string(b[:]))
+}
+
+// Lettered is a row whose dead letter was stored at Seq in the dead-letter
+// stream.
+type Lettered struct {
+	// ID and Gen are the row and the publish generation the letter ends.
+	ID  uuid.UUID
+	Gen int32
+	// Seq is the letter's stream sequence.
+	Seq uint64
+}
+
+// MarkLettered records that the rows' dead letters are stored. A row that
+// moved on since (an operator replayed it: a new generation) is left alone.
+func MarkLettered(ctx context.Context, q Querier, ls []Lettered) error {
+	if len(ls) == 0 {
 		return nil
 	}
-	if len(sentIDs) > 0 {
-		if err := collect("sent", `UPDATE sms_outbox o
-			SET status = 'sent', provider_ref = v.ref, last_error = NULL, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[]) AS v(id, ref)
-			WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')
-			RETURNING o.id`, uuidArray(sentIDs), refs); err != nil {
-			return nil, err
-		}
+	ls = slices.Clone(ls)
+	slices.SortFunc(ls, func(a, b Lettered) int { return compareUUID(a.ID, b.ID) })
+	ids := make([]uuid.UUID, len(ls))
+	gens := make([]int32, len(ls))
+	seqs := make([]int64, len(ls))
+	for i, l := range ls {
+		ids[i], gens[i], seqs[i] = l.ID, l.Gen, int64(min(l.Seq, 1<<62))
 	}
-	if len(retryIDs) > 0 {
-		if err := collect("retries", `UPDATE sms_outbox o
-			SET status = 'queued', last_error = v.err, next_attempt_at = v.at, updated_at = now(),
-			    maybe_accepted = o.maybe_accepted OR v.maybe
-			FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::int[], $5::bool[], $6::timestamptz[]) AS v(id, err, at, attempt, maybe, lease)
-			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.updated_at = v.lease
-			RETURNING o.id`, uuidArray(retryIDs), retryErrs, retryAt, retryAtt, retryMaybe, retryLease); err != nil {
-			return nil, err
-		}
+	_, err := q.Exec(ctx, `UPDATE sms_outbox o SET letter_seq = v.seq
+		FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS v(id, gen, seq)
+		WHERE o.id = v.id AND o.publish_gen = v.gen AND o.status IN ('dead', 'unknown') AND o.letter_seq IS NULL`,
+		uuidArray(ids), gens, seqs)
+	if err != nil {
+		return fmt.Errorf("outbox: mark dead letters stored: %w", err)
 	}
-	if len(endIDs) > 0 {
-		if err := collect("dead and unknown", `UPDATE sms_outbox o
-			SET status = v.status, last_error = v.err, updated_at = now()
-			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[]) AS v(id, status, err, attempt, lease)
-			WHERE o.id = v.id AND o.status = 'sending' AND o.attempt_count = v.attempt AND o.updated_at = v.lease
-			RETURNING o.id`, uuidArray(endIDs), endStatus, endErrs, endAtt, endLease); err != nil {
-			return nil, err
-		}
+	return nil
+}
+
+// Unlettered is a dead or unknown row whose dead letter is not yet stored.
+type Unlettered struct {
+	ID           uuid.UUID
+	Gen          int32
+	Status       State
+	Reason       string
+	Error        string
+	Attempts     int
+	ProviderCode int
+}
+
+// ClaimUnlettered locks up to limit dead or unknown rows whose letter is not
+// stored and whose status changed more than olderThan ago (the sender that
+// finished them normally stores the letter within milliseconds), skipping
+// rows another reconciler holds.
+func ClaimUnlettered(ctx context.Context, tx pgx.Tx, olderThan time.Duration, limit int) ([]Unlettered, error) {
+	rows, _ := tx.Query(ctx, `SELECT o.id, o.publish_gen, o.status, coalesce(o.end_reason, ''), coalesce(o.last_error, ''),
+			o.attempt_count,
+			coalesce((SELECT a.provider_code FROM sms_attempts a WHERE a.outbox_id = o.id ORDER BY a.id DESC LIMIT 1), 0)
+		FROM sms_outbox o
+		WHERE o.status IN ('dead', 'unknown') AND o.letter_seq IS NULL AND o.updated_at < now() - $1::interval
+		ORDER BY o.updated_at
+		LIMIT $2
+		FOR NO KEY UPDATE OF o SKIP LOCKED`, olderThan, limit)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unlettered, error) {
+		var u Unlettered
+		err := r.Scan(&u.ID, &u.Gen, &u.Status, &u.Reason, &u.Error, &u.Attempts, &u.ProviderCode)
+		return u, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim rows without their dead letter: %w", err)
 	}
-	return applied, nil
+	return out, nil
 }
 
 // clean makes text storable: valid UTF-8 without NUL, at most 1000 bytes.
@@ -294,7 +422,9 @@ func clean(s string) string {
 	return s
 }
 
-func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt) error {
+// insertAttempts appends attempts to the log; with again, records already
+// there (same row, attempt number and start) are skipped.
+func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bool) error {
 	if len(attempts) == 0 {
 		return nil
 	}
@@ -329,11 +459,16 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt) error {
 			errs[i] = &e
 		}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO sms_attempts
+	sql := `INSERT INTO sms_attempts
 		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
 		SELECT * FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
-		                     $6::int[], $7::int[], $8::text[], $9::text[])`,
-		uuidArray(ids), numbers, started, latency, outcomes, statuses, codes, errs, senders)
+		                     $6::int[], $7::int[], $8::text[], $9::text[])`
+	if again {
+		sql += ` AS v(outbox_id, attempt, started_at)
+		WHERE NOT EXISTS (SELECT 1 FROM sms_attempts a
+			WHERE a.outbox_id = v.outbox_id AND a.attempt = v.attempt AND a.started_at = v.started_at)`
+	}
+	_, err := tx.Exec(ctx, sql, uuidArray(ids), numbers, started, latency, outcomes, statuses, codes, errs, senders)
 	if err != nil {
 		return fmt.Errorf("outbox: record attempts: %w", err)
 	}

@@ -35,6 +35,10 @@ type ReconcilerConfig struct {
 	Grace time.Duration
 	// BatchSize is the most rows handled per transaction; default 100.
 	BatchSize int
+	// LetterGrace is how long a dead or unknown row may wait for the
+	// sender that finished it to publish its dead letter before the
+	// reconciler publishes it; default 30s.
+	LetterGrace time.Duration
 	// DBTimeout bounds each database round trip; default 10s.
 	DBTimeout time.Duration
 	// Logger and Registerer as for the relay.
@@ -52,6 +56,7 @@ type Reconciler struct {
 	log     *slog.Logger
 	dlq     deadletter.Publisher
 	actions *prometheus.CounterVec
+	letters prometheus.Counter
 }
 
 // NewReconciler returns a Reconciler, or an error naming the bad setting.
@@ -62,6 +67,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, 30*time.Second)
 	cfg.Grace = cmp.Or(cfg.Grace, 2*time.Minute)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, 100)
+	cfg.LetterGrace = cmp.Or(cfg.LetterGrace, 30*time.Second)
 	cfg.DBTimeout = cmp.Or(cfg.DBTimeout, 10*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -84,13 +90,19 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 			Name: "sendonce_reconciler_actions_total",
 			Help: "Stuck rows the reconciler handled, by action (republished, dead, unknown).",
 		}, []string{"action"}),
+		letters: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_reconciler_letters_published_total",
+			Help: "Dead letters the reconciler published for rows that ended dead or unknown without one stored.",
+		}),
 	}
 	for _, a := range []string{"republished", "dead", "unknown"} {
 		r.actions.WithLabelValues(a) // series exist from the start at 0
 	}
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(r.actions); err != nil {
-			return nil, fmt.Errorf("reconciler: register metrics: %w", err)
+		for _, c := range []prometheus.Collector{r.actions, r.letters} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("reconciler: register metrics: %w", err)
+			}
 		}
 	}
 	return r, nil
@@ -138,43 +150,68 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// Pass handles one batch of stuck rows and returns how many it handled.
+// Pass handles one batch of stuck rows and returns how many it handled,
+// then publishes the dead letters of rows that ended without one stored (it
+// finalised them, or a sender died before publishing).
 func (r *Reconciler) Pass(ctx context.Context) (int, error) {
+	n, letters, err := r.stuckPass(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// The rows are final in the database; their letters follow, and a
+	// failure here is repaired by the next pass.
+	r.publishLetters(ctx, letters)
+	if err := r.letterPass(ctx); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+func (r *Reconciler) stuckPass(ctx context.Context) (int, []deadletter.Letter, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*r.cfg.DBTimeout)
 	defer cancel()
 	// Each lookup fetches the info it caches: one request each per pass.
 	cons, err := r.cfg.JetStream.Consumer(ctx, r.cfg.Stream, r.cfg.Consumer)
 	if err != nil {
-		return 0, fmt.Errorf("look up consumer: %w", err)
+		return 0, nil, fmt.Errorf("look up consumer: %w", err)
 	}
 	info := cons.CachedInfo()
 	stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
 	if err != nil {
-		return 0, fmt.Errorf("look up stream: %w", err)
+		return 0, nil, fmt.Errorf("look up stream: %w", err)
 	}
 	sinfo := stream.CachedInfo()
 	tx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return 0, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	stuck, err := outbox.ClaimStuck(ctx, tx, r.cfg.Grace, info.Delivered.Stream, sinfo.State.LastSeq, r.cfg.BatchSize)
 	if err != nil || len(stuck) == 0 {
-		return 0, err
+		return 0, nil, err
 	}
+	var letters []deadletter.Letter
 	for _, s := range stuck {
-		if err := r.handle(ctx, tx, s); err != nil {
-			return 0, fmt.Errorf("row %s: %w", s.ID, err)
+		l, err := r.handle(ctx, tx, s)
+		if err != nil {
+			return 0, nil, fmt.Errorf("row %s: %w", s.ID, err)
+		}
+		if l != nil {
+			letters = append(letters, *l)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
+		return 0, nil, fmt.Errorf("commit: %w", err)
 	}
-	return len(stuck), nil
+	for _, l := range letters {
+		r.log.InfoContext(ctx, "stuck row finalised", "outbox_id", l.OutboxID.String(), "reason", l.Reason)
+	}
+	return len(stuck), letters, nil
 }
 
-func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) error {
-	payload := wire.AppendEncode(nil, wire.Send{ID: s.ID, Gen: s.Gen})
+// handle republishes a stuck row with attempts left, or finalises one with
+// none and returns the dead letter to publish once that is committed.
+func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) (*deadletter.Letter, error) {
 	if s.Spent() {
 		// No attempt left. A queued row's last attempt failed and was
 		// recorded; a sending row's last attempt never reported back, so
@@ -188,29 +225,85 @@ func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) erro
 		case s.MaybeAccepted:
 			msg = "attempts exhausted; its message was lost, and an earlier attempt may have reached the provider"
 		}
-		if err := r.dlq.Publish(ctx, deadletter.Letter{
-			OutboxID: s.ID, Gen: s.Gen, Reason: reason, Error: msg, Attempts: s.Attempts, Payload: payload,
-		}); err != nil {
-			return err
-		}
 		if err := outbox.Finalize(ctx, tx, s, status, reason, msg); err != nil {
-			return err
+			return nil, err
 		}
 		r.actions.WithLabelValues(string(status)).Inc()
-		r.log.InfoContext(ctx, "stuck row finalised", "outbox_id", s.ID.String(), "status", string(status), "reason", reason)
-		return nil
+		return &deadletter.Letter{OutboxID: s.ID, Gen: s.Gen, Reason: reason, Error: msg, Attempts: s.Attempts}, nil
 	}
 	gen := s.Gen + 1
-	payload = wire.AppendEncode(payload[:0], wire.Send{ID: s.ID, Gen: gen})
+	payload := wire.AppendEncode(nil, wire.Send{ID: s.ID, Gen: gen})
 	ack, err := r.cfg.JetStream.PublishMsg(ctx, &nats.Msg{Subject: r.cfg.Subject, Data: payload},
 		jetstream.WithMsgID(outbox.MsgID(s.ID, gen)), jetstream.WithExpectStream(r.cfg.Stream))
 	if err != nil {
-		return fmt.Errorf("republish: %w", err)
+		return nil, fmt.Errorf("republish: %w", err)
 	}
 	if err := outbox.MarkRepublished(ctx, tx, s.ID, gen, ack.Sequence); err != nil {
-		return err
+		return nil, err
 	}
 	r.actions.WithLabelValues("republished").Inc()
 	r.log.InfoContext(ctx, "stuck row republished", "outbox_id", s.ID.String(), "status", string(s.Status), "gen", gen)
+	return nil, nil
+}
+
+// publishLetters stores letters and records them in their rows; what fails
+// is left to letterPass.
+func (r *Reconciler) publishLetters(ctx context.Context, letters []deadletter.Letter) {
+	stored := make([]outbox.Lettered, 0, len(letters))
+	for _, l := range letters {
+		l.Payload = wire.AppendEncode(nil, wire.Send{ID: l.OutboxID, Gen: l.Gen})
+		seq, err := r.dlq.Publish(ctx, l)
+		if err != nil {
+			r.log.WarnContext(ctx, "dead letter not stored; the next pass tries again", "outbox_id", l.OutboxID.String(), "err", err)
+			continue
+		}
+		stored = append(stored, outbox.Lettered{ID: l.OutboxID, Gen: l.Gen, Seq: seq})
+	}
+	dbCtx, cancel := context.WithTimeout(ctx, r.cfg.DBTimeout)
+	defer cancel()
+	if err := outbox.MarkLettered(dbCtx, r.cfg.Pool, stored); err != nil {
+		r.log.WarnContext(ctx, "dead letters stored but not recorded; the next pass records them", "err", err)
+	}
+}
+
+// letterPass publishes the dead letters of rows that ended dead or unknown
+// more than LetterGrace ago and have none recorded: a sender (or this
+// reconciler) died or lost the dead-letter stream between the status write
+// and the letter. The letter is made from the row, so its reason is the
+// row's, and its id (row, generation) makes a repeat a duplicate.
+func (r *Reconciler) letterPass(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*r.cfg.DBTimeout)
+	defer cancel()
+	tx, err := r.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	rows, err := outbox.ClaimUnlettered(ctx, tx, r.cfg.LetterGrace, r.cfg.BatchSize)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	stored := make([]outbox.Lettered, 0, len(rows))
+	for _, u := range rows {
+		l := deadletter.Letter{
+			OutboxID: u.ID, Gen: u.Gen, Reason: u.Reason, Error: u.Error, Attempts: u.Attempts, ProviderCode: u.ProviderCode,
+			Payload: wire.AppendEncode(nil, wire.Send{ID: u.ID, Gen: u.Gen}),
+		}
+		seq, err := r.dlq.Publish(ctx, l)
+		if err != nil {
+			break // the stream is away: the next pass
+		}
+		stored = append(stored, outbox.Lettered{ID: u.ID, Gen: u.Gen, Seq: seq})
+		r.letters.Inc()
+	}
+	if err := outbox.MarkLettered(ctx, tx, stored); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if len(stored) > 0 {
+		r.log.InfoContext(ctx, "dead letters published for rows that ended without one", "rows", len(stored))
+	}
 	return nil
 }

@@ -15,6 +15,8 @@ type metrics struct {
 	skipped         prometheus.Counter
 	leased          prometheus.Counter
 	overtaken       prometheus.Counter
+	dbRetries       *prometheus.CounterVec
+	dlqRetries      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,6 +55,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_overtaken_writes_total",
 			Help: "Attempt outcomes not written because another attempt had taken the row over.",
 		}),
+		dbRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_sender_db_retries_total",
+			Help: "Claims and status writes tried again after a database failure, by operation (claim, status_write); the messages are held meanwhile.",
+		}, []string{"op"}),
+		dlqRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_sender_dead_letter_retries_total",
+			Help: "Dead-letter publications tried again after a failure.",
+		}),
 	}
 	// Every series exists from the start at 0, so that rate() and
 	// increase() see the first event of a kind.
@@ -62,8 +72,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
 		m.deadLetters.WithLabelValues(r)
 	}
+	for _, op := range []string{"claim", "status_write"} {
+		m.dbRetries.WithLabelValues(op)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

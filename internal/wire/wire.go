@@ -20,6 +20,10 @@ const (
 	HeaderAttempts     = "Sendonce-Attempts"
 	HeaderProviderCode = "Sendonce-Provider-Code"
 	HeaderGen          = "Sendonce-Publish-Gen"
+	// HeaderIdempotent is "true" or "false": whether the provider the
+	// row's attempts went to honours idempotency keys. Absent when the
+	// publisher did not know (a letter the reconciler published).
+	HeaderIdempotent = "Sendonce-Provider-Idempotent"
 )
 
 // Dead-letter reasons.

@@ -1,0 +1,475 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
+)
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func claimOne(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, token uuid.UUID) outbox.Claim {
+	t.Helper()
+	cs, err := outbox.ClaimForSend(context.Background(), pool, []uuid.UUID{id}, time.Minute, token)
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("claim %s = %+v, %v", id, cs, err)
+	}
+	return cs[0]
+}
+
+func write(t *testing.T, pool *pgxpool.Pool, again bool, rs ...outbox.Result) map[uuid.UUID]outbox.Written {
+	t.Helper()
+	var written map[uuid.UUID]outbox.Written
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		var err error
+		written, err = outbox.ApplyResults(context.Background(), tx, rs, nil, again)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return written
+}
+
+func status(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) outbox.MessageStatus {
+	t.Helper()
+	st, err := outbox.Status(context.Background(), pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestClaimForSend(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	// Long, so that the live row is still leased however slow the machine;
+	// the stale one ran out an hour ago.
+	lease := time.Minute
+	queued := enqueue(t, pool, "+15551234567", "a")
+	pending := enqueue(t, pool, "+15551234568", "b")
+	sent := enqueue(t, pool, "+15551234569", "c")
+	stale := enqueue(t, pool, "+15551234570", "d")
+	live := enqueue(t, pool, "+15551234571", "e")
+	waiting := enqueue(t, pool, "+15551234572", "f")
+	legacy := enqueue(t, pool, "+15551234573", "g")
+	missing := uuid.New()
+	other := uuid.New()
+	exec(t, pool, `UPDATE sms_outbox SET status='queued' WHERE id = $1`, queued)
+	exec(t, pool, `UPDATE sms_outbox SET status='sent', provider_ref='msg_1' WHERE id = $1`, sent)
+	exec(t, pool, `UPDATE sms_outbox SET status='sending', attempt_count=1, claim_id=$2, lease_until=now()-interval '1 hour' WHERE id = $1`, stale, other)
+	exec(t, pool, `UPDATE sms_outbox SET status='sending', attempt_count=1, claim_id=$2, lease_until=now()+interval '1 minute' WHERE id = $1`, live, other)
+	exec(t, pool, `UPDATE sms_outbox SET status='queued', attempt_count=1, next_attempt_at=now()+interval '1 minute' WHERE id = $1`, waiting)
+	// A row claimed before leases were stamped in the row: its lease is
+	// its last touch plus the claimant's lease.
+	exec(t, pool, `UPDATE sms_outbox SET status='sending', attempt_count=1, updated_at=now()-interval '1 hour' WHERE id = $1`, legacy)
+
+	token := uuid.New()
+	claims, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued, pending, sent, stale, live, waiting, legacy, missing, queued}, lease, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uuid.UUID]outbox.Claim{}
+	for _, c := range claims {
+		got[c.ID] = c
+	}
+	if len(claims) != 8 {
+		t.Fatalf("%d claims, want 8 (one per distinct id)", len(claims))
+	}
+	want := map[uuid.UUID]outbox.ClaimResult{
+		queued: outbox.Claimed, pending: outbox.Claimed, sent: outbox.AlreadyTerminal, stale: outbox.ClaimedStale,
+		live: outbox.Leased, waiting: outbox.Leased, legacy: outbox.ClaimedStale, missing: outbox.NotFound,
+	}
+	for id, w := range want {
+		if got[id].Result != w {
+			t.Errorf("row %s: result %d, want %d", id, got[id].Result, w)
+		}
+	}
+	if c := got[queued]; c.To != "+15551234567" || c.Body != "a" || c.Attempt != 1 || c.MaxAttempts != 8 || c.Token != token {
+		t.Errorf("claimed row = %+v", c)
+	}
+	if c := got[stale]; c.Attempt != 2 || !c.MaybeAccepted {
+		t.Errorf("stale row = %+v, want attempt 2 and maybe accepted", c)
+	}
+	if c := got[live]; c.LeaseLeft <= 0 || c.LeaseLeft > lease {
+		t.Errorf("live lease left = %s", c.LeaseLeft)
+	}
+	if c := got[waiting]; c.LeaseLeft < 50*time.Second {
+		t.Errorf("waiting row: wait %s, want about a minute", c.LeaseLeft)
+	}
+	// A second claim of the same rows, under another token, finds them
+	// leased: a concurrent delivery never calls the provider.
+	again, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued}, lease, uuid.New())
+	if err != nil || len(again) != 1 || again[0].Result != outbox.Leased {
+		t.Fatalf("second claim = %+v, %v; want Leased", again, err)
+	}
+	var leaseUntil, updated time.Time
+	if err := pool.QueryRow(ctx, `SELECT lease_until, updated_at FROM sms_outbox WHERE id = $1`, queued).Scan(&leaseUntil, &updated); err != nil {
+		t.Fatal(err)
+	}
+	if d := leaseUntil.Sub(updated); d < lease-time.Second || d > lease+time.Second {
+		t.Errorf("lease_until - updated_at = %s, want the lease %s", d, lease)
+	}
+}
+
+// A claim whose answer was lost is run again with the same token: it finds
+// the rows it took as its own (Claimed, the same attempt), even after its
+// lease ran out, and never as "a sender died mid-call".
+func TestClaimAgainWithTheSameToken(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	id := enqueue(t, pool, "+15551234567", "a")
+	token := uuid.New()
+	first := claimOne(t, pool, id, token)
+	if first.Result != outbox.Claimed || first.Attempt != 1 {
+		t.Fatalf("first claim = %+v", first)
+	}
+	// The database outage outlived the lease.
+	exec(t, pool, `UPDATE sms_outbox SET lease_until = now() - interval '1 minute' WHERE id = $1`, id)
+	again := claimOne(t, pool, id, token)
+	if again.Result != outbox.Claimed || again.Attempt != 1 || again.MaybeAccepted {
+		t.Fatalf("claim run again = %+v; want Claimed, attempt 1, not maybe accepted", again)
+	}
+	var left time.Duration
+	if err := pool.QueryRow(context.Background(), `SELECT extract(epoch FROM lease_until - now()) * interval '1 second' FROM sms_outbox WHERE id = $1`, id).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left < 50*time.Second {
+		t.Fatalf("the claim run again left a lease of %s, want it renewed", left)
+	}
+	// Another claimant, meanwhile, still sees a live lease.
+	if c := claimOne(t, pool, id, uuid.New()); c.Result != outbox.Leased {
+		t.Fatalf("other claim = %+v, want Leased", c)
+	}
+}
+
+func TestApplyResultsGuards(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	a := enqueue(t, pool, "+15551234567", "a")
+	b := enqueue(t, pool, "+15551234567", "b")
+	c := enqueue(t, pool, "+15551234567", "c")
+	ca, cb, cc := claimOne(t, pool, a, uuid.New()), claimOne(t, pool, b, uuid.New()), claimOne(t, pool, c, uuid.New())
+	w := write(t, pool, false,
+		outbox.Result{ID: a, Status: outbox.StatusSent, ProviderRef: "msg_a"},
+		outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "http 503", RetryIn: time.Second, Token: cb.Token},
+		outbox.Result{ID: c, Status: outbox.StatusDead, Reason: "permanent", Error: "http 400\x00 with a NUL and \xff bad UTF-8", Token: cc.Token},
+	)
+	if len(w) != 3 {
+		t.Fatalf("first write changed %d rows, want 3", len(w))
+	}
+	if w[c].Attempts != 1 || w[c].Gen != 0 {
+		t.Fatalf("written = %+v", w[c])
+	}
+	// Late or duplicate outcomes never move a finished row.
+	w = write(t, pool, false,
+		outbox.Result{ID: a, Status: outbox.StatusDead, Reason: "permanent", Error: "late", Token: ca.Token},
+		outbox.Result{ID: c, Status: outbox.StatusSent, ProviderRef: "msg_c"},
+	)
+	if len(w) != 0 {
+		t.Fatalf("late writes changed %v, want nothing", w)
+	}
+	// The same result written twice (the first commit's answer was lost)
+	// applies again to the row it moved, and changes nothing else.
+	if w := write(t, pool, true, outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "http 503", RetryIn: time.Second, Token: cb.Token}); len(w) != 1 {
+		t.Fatalf("a retry written again did not apply")
+	}
+	// A write from an overtaken attempt changes nothing: b is claimed
+	// again, and the first claim's late write must not move it.
+	exec(t, pool, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, b)
+	cb2 := claimOne(t, pool, b, uuid.New())
+	if cb2.Result != outbox.Claimed || cb2.Attempt != 2 {
+		t.Fatalf("second claim of b = %+v", cb2)
+	}
+	if w := write(t, pool, false, outbox.Result{ID: b, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "stale", Token: cb.Token}); len(w) != 0 {
+		t.Fatalf("an unknown write from the first claim changed the second claim's row")
+	}
+	// A republication by the reconciler overlapping a slow attempt keeps
+	// its claim: the attempt still owns the row and its write applies.
+	if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error { return outbox.MarkRepublished(context.Background(), tx, b, 1, 42) }); err != nil {
+		t.Fatal(err)
+	}
+	if w := write(t, pool, false, outbox.Result{ID: b, Status: outbox.StatusQueued, Error: "mine", RetryIn: time.Minute, Park: true, Token: cb2.Token}); len(w) != 1 || w[b].Gen != 1 {
+		t.Fatalf("the owning attempt's write = %v; want applied, in the republication's generation (its letter's id)", w)
+	}
+	var seq *int64
+	var wait float64
+	if err := pool.QueryRow(context.Background(), `SELECT stream_seq, extract(epoch FROM next_attempt_at - now()) FROM sms_outbox WHERE id = $1`, b).Scan(&seq, &wait); err != nil {
+		t.Fatal(err)
+	}
+	if seq != nil || wait < 50 || wait > 61 {
+		t.Fatalf("parked retry: stream_seq %v, due in %.1fs; want NULL and about a minute from the database clock", seq, wait)
+	}
+	// A write from before a replay changes nothing either.
+	if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		_, err := outbox.Replay(context.Background(), tx, []outbox.ReplayTarget{{ID: c}}, outbox.ReplayOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cc2 := claimOne(t, pool, c, uuid.New())
+	if cc2.Attempt != 1 {
+		t.Fatalf("claim after replay = %+v; want attempt 1", cc2)
+	}
+	if w := write(t, pool, false, outbox.Result{ID: c, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "from before the replay", Token: cc.Token}); len(w) != 0 {
+		t.Fatalf("a write from before the replay changed the replayed row")
+	}
+	if w := write(t, pool, false, outbox.Result{ID: c, Status: outbox.StatusDead, Reason: "permanent", Error: "http 400\x00 with a NUL and \xff bad UTF-8", Token: cc2.Token}); len(w) != 1 || w[c].Gen != 1 {
+		t.Fatalf("the replayed row's own attempt's write = %v", w)
+	}
+	if st := status(t, pool, c); !utf8.ValidString(st.LastError) || strings.ContainsRune(st.LastError, 0) {
+		t.Errorf("last_error %q was stored unclean", st.LastError)
+	}
+	for id, want := range map[uuid.UUID]outbox.State{a: outbox.StatusSent, b: outbox.StatusQueued, c: outbox.StatusDead} {
+		if st := status(t, pool, id); st.Status != want {
+			t.Errorf("row %s: %+v; want %s", id, st, want)
+		}
+	}
+	if st := status(t, pool, a); st.ProviderRef != "msg_a" {
+		t.Errorf("provider_ref = %q", st.ProviderRef)
+	}
+}
+
+// The provider's answer is evidence: a sent write settles an unknown row
+// (its attempt's answer came in after another claimant gave up on it), and
+// clears its dead-letter reason.
+func TestSentSettlesUnknown(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	id := enqueue(t, pool, "+15551234567", "a")
+	c := claimOne(t, pool, id, uuid.New())
+	if w := write(t, pool, false, outbox.Result{ID: id, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "lost", Token: c.Token}); len(w) != 1 {
+		t.Fatal("unknown not written")
+	}
+	if w := write(t, pool, false, outbox.Result{ID: id, Status: outbox.StatusSent, ProviderRef: "msg_late"}); len(w) != 1 {
+		t.Fatal("sent did not settle unknown")
+	}
+	var reason *string
+	if err := pool.QueryRow(context.Background(), `SELECT end_reason FROM sms_outbox WHERE id = $1`, id).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, pool, id); st.Status != outbox.StatusSent || st.ProviderRef != "msg_late" || reason != nil {
+		t.Fatalf("row = %+v, end_reason %v", st, reason)
+	}
+}
+
+// A batch writing the same row twice (a late outcome of an overtaken
+// attempt beside the current one) applies the current one.
+func TestApplyResultsSameRowTwice(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	id := enqueue(t, pool, "+15551234567", "a")
+	old := uuid.New()
+	c := claimOne(t, pool, id, uuid.New())
+	w := write(t, pool, false,
+		outbox.Result{ID: id, Status: outbox.StatusDead, Reason: "permanent", Error: "overtaken", Token: old},
+		outbox.Result{ID: id, Status: outbox.StatusQueued, Error: "http 503", RetryIn: time.Second, Token: c.Token},
+	)
+	if len(w) != 1 {
+		t.Fatalf("written = %v", w)
+	}
+	if st := status(t, pool, id); st.Status != outbox.StatusQueued {
+		t.Fatalf("row = %+v, want queued", st)
+	}
+}
+
+// Status writes and claims of overlapping rows in opposite orders never
+// deadlock: both lock their rows in id order.
+func TestWritesAndClaimsDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	const n = 40
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = enqueue(t, pool, "+15551234567", fmt.Sprint(i))
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for round := range 20 {
+		reversed := make([]uuid.UUID, n)
+		for i := range ids {
+			reversed[i] = ids[n-1-i]
+		}
+		order := ids
+		if round%2 == 1 {
+			order = reversed
+		}
+		token := uuid.New()
+		claims, err := outbox.ClaimForSend(ctx, pool, order, time.Millisecond, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = claims
+		for w := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rs := make([]outbox.Result, 0, n)
+				src := ids
+				if w == 1 {
+					src = reversed
+				}
+				for _, id := range src {
+					rs = append(rs, outbox.Result{ID: id, Status: outbox.StatusQueued, Error: "x", Token: token})
+				}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := outbox.ApplyResults(ctx, tx, rs, nil, false)
+					return err
+				})
+				if err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := outbox.ClaimForSend(ctx, pool, reversed, time.Millisecond, uuid.New()); err != nil {
+				errs <- err
+			}
+		}()
+		wg.Wait()
+	}
+	close(errs)
+	for err := range errs {
+		t.Errorf("concurrent write or claim: %v", err)
+	}
+}
+
+// The attempts log does not get a record twice when a write is tried again
+// after a commit whose answer was lost.
+func TestAttemptsWrittenAgainAreNotDoubled(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	id := enqueue(t, pool, "+15551234567", "a")
+	c := claimOne(t, pool, id, uuid.New())
+	at := time.Now()
+	rec := []outbox.Attempt{{OutboxID: id, Number: c.Attempt, StartedAt: at, Outcome: "sent", HTTPStatus: 201, Sender: "t"}}
+	res := []outbox.Result{{ID: id, Status: outbox.StatusSent, ProviderRef: "msg"}}
+	for _, again := range []bool{false, true} {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.ApplyResults(ctx, tx, res, rec, again)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	atts, err := outbox.Attempts(ctx, pool, id)
+	if err != nil || len(atts) != 1 {
+		t.Fatalf("attempts = %+v, %v; want one", atts, err)
+	}
+}
+
+// maybe_accepted is sticky: once an attempt may have reached the provider
+// (a retry that says so, or a stale claim taking over an attempt that never
+// reported back), every later claim sees it, whatever later attempts say.
+func TestMaybeAcceptedIsSticky(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	lost := enqueue(t, pool, "+15551234567", "a")
+	refused := enqueue(t, pool, "+15551234568", "b")
+	stale := enqueue(t, pool, "+15551234569", "c")
+	claim := func(id uuid.UUID) outbox.Claim {
+		t.Helper()
+		exec(t, pool, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, id)
+		c := claimOne(t, pool, id, uuid.New())
+		if c.Result != outbox.Claimed && c.Result != outbox.ClaimedStale {
+			t.Fatalf("claim %s = %+v", id, c)
+		}
+		return c
+	}
+	retry := func(c outbox.Claim, maybe bool) {
+		t.Helper()
+		w := write(t, pool, false, outbox.Result{ID: c.ID, Status: outbox.StatusQueued, Error: "x", Token: c.Token, MaybeAccepted: maybe})
+		if _, ok := w[c.ID]; !ok {
+			t.Fatalf("retry of %s not applied", c.ID)
+		}
+	}
+
+	c := claim(lost)
+	if c.MaybeAccepted {
+		t.Fatal("a fresh row claims an earlier attempt may have been accepted")
+	}
+	retry(c, true) // the answer was lost
+	if c = claim(lost); !c.MaybeAccepted {
+		t.Fatal("the claim after a lost answer does not know it")
+	}
+	retry(c, false) // a 503: says nothing about the earlier attempt
+	if c = claim(lost); !c.MaybeAccepted {
+		t.Fatal("a later refusal cleared maybe_accepted")
+	}
+
+	c = claim(refused)
+	retry(c, false)
+	if c = claim(refused); c.MaybeAccepted {
+		t.Fatal("maybe_accepted set by refusals only")
+	}
+
+	claim(stale)
+	exec(t, pool, `UPDATE sms_outbox SET lease_until = now() - interval '1 hour' WHERE id = $1`, stale)
+	if c = claim(stale); c.Result != outbox.ClaimedStale || !c.MaybeAccepted {
+		t.Fatalf("stale claim = %+v, want ClaimedStale and MaybeAccepted", c)
+	}
+}
+
+// Dead letters: a dead row has none recorded until MarkLettered, and the
+// reconciler's search finds it meanwhile (once old enough); a replayed row
+// (a new generation) is not marked by a letter of the old one.
+func TestLettersRecordedInTheRow(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	id := enqueue(t, pool, "+15551234567", "a")
+	c := claimOne(t, pool, id, uuid.New())
+	write(t, pool, false, outbox.Result{ID: id, Status: outbox.StatusDead, Reason: "permanent", Error: "http 400", Token: c.Token})
+	unlettered := func(olderThan time.Duration) []outbox.Unlettered {
+		t.Helper()
+		var out []outbox.Unlettered
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			out, err = outbox.ClaimUnlettered(ctx, tx, olderThan, 10)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got := unlettered(time.Hour); len(got) != 0 {
+		t.Fatalf("a fresh dead row is offered to the reconciler: %+v", got)
+	}
+	got := unlettered(-time.Second)
+	if len(got) != 1 || got[0].ID != id || got[0].Reason != "permanent" || got[0].Status != outbox.StatusDead || got[0].Attempts != 1 {
+		t.Fatalf("unlettered = %+v", got)
+	}
+	if err := outbox.MarkLettered(ctx, pool, []outbox.Lettered{{ID: id, Gen: 1, Seq: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := unlettered(-time.Second); len(got) != 1 {
+		t.Fatal("a letter of another generation marked the row")
+	}
+	if err := outbox.MarkLettered(ctx, pool, []outbox.Lettered{{ID: id, Gen: 0, Seq: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := unlettered(-time.Second); len(got) != 0 {
+		t.Fatalf("lettered row still offered: %+v", got)
+	}
+}

@@ -1,0 +1,169 @@
+package sender
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+// held is a message and the heartbeats that hold it.
+type held struct {
+	msg  jetstream.Msg
+	keep func()
+}
+
+// answer stops the heartbeats and answers JetStream with fn.
+func (h held) answer(fn func(jetstream.Msg)) {
+	h.keep()
+	fn(h.msg)
+}
+
+// claimLoop takes messages as slots free up, claims them in batches and
+// starts one worker per claimed row. It returns when ctx is done (after the
+// batch in hand is claimed).
+func (s *Sender) claimLoop(ctx, hold context.Context, in <-chan jetstream.Msg, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
+	batch := make([]jetstream.Msg, 0, s.cfg.ClaimBatch)
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case m := <-in:
+			batch = append(batch[:0], m)
+		case <-ctx.Done():
+			<-slots
+			return
+		}
+		// Take whatever else is already waiting, while slots are free.
+	more:
+		for len(batch) < s.cfg.ClaimBatch {
+			select {
+			case slots <- struct{}{}:
+			default:
+				break more
+			}
+			select {
+			case m := <-in:
+				batch = append(batch, m)
+			default:
+				<-slots
+				break more
+			}
+		}
+		s.claimBatch(ctx, hold, batch, slots, results, workers)
+	}
+}
+
+// claimBatch claims the rows of batch, which holds one slot per message, and
+// starts a worker per claimed row; every other message gets its answer here
+// and gives its slot back.
+func (s *Sender) claimBatch(ctx, hold context.Context, batch []jetstream.Msg, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
+	release := func() { <-slots }
+	byID := make(map[uuid.UUID][]held, len(batch))
+	ids := make([]uuid.UUID, 0, len(batch))
+	for _, m := range batch {
+		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+			s.metrics.redeliveries.Inc()
+		}
+		// Held from here until JetStream is answered: a claim that waits
+		// out a database outage, a slow call or a slow status write never
+		// lets the ack deadline pass and the message go to another sender.
+		h := held{msg: m, keep: keepAlive(m, s.heartbeat)}
+		p, err := wire.Decode(m.Data())
+		if err != nil {
+			s.rejectInvalid(hold, h, uuid.Nil, err.Error())
+			release()
+			continue
+		}
+		if _, seen := byID[p.ID]; !seen {
+			ids = append(ids, p.ID)
+		}
+		byID[p.ID] = append(byID[p.ID], h)
+	}
+	if len(ids) == 0 {
+		return
+	}
+	claims, ok := s.claim(hold, ids)
+	if !ok {
+		// Given up at shutdown without an answer: whether the claim took
+		// the rows is unknown; another sender's claim will find out.
+		for _, id := range ids {
+			for _, h := range byID[id] {
+				h.answer(func(m jetstream.Msg) { _ = m.Nak() })
+				release()
+			}
+		}
+		return
+	}
+	for _, c := range claims {
+		hs := byID[c.ID]
+		// A second copy of the same row in one batch (a republication)
+		// waits for the first copy's attempt like any concurrent delivery.
+		for _, h := range hs[1:] {
+			h.answer(func(m jetstream.Msg) { s.backOff(m, s.cfg.Lease) })
+			release()
+		}
+		h := hs[0]
+		switch c.Result {
+		case outbox.Claimed, outbox.ClaimedStale:
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				defer release()
+				s.attempt(ctx, h, c, results)
+			}()
+		case outbox.AlreadyTerminal:
+			// The guard that makes a redelivery or a late republication
+			// harmless: this row is finished, never call again.
+			s.metrics.skipped.Inc()
+			h.answer(func(m jetstream.Msg) { _ = m.Ack() })
+			release()
+		case outbox.Leased:
+			s.metrics.leased.Inc()
+			h.answer(func(m jetstream.Msg) { s.backOff(m, c.LeaseLeft+jitter(time.Second)) })
+			release()
+		case outbox.NotFound:
+			s.rejectInvalid(hold, h, c.ID, "no outbox row with this id")
+			release()
+		}
+	}
+}
+
+// claim claims ids under a token of its own and returns the claims. A claim
+// that fails (the database is down, or its answer was lost after it
+// committed) is run again with the same token until it answers: the rows it
+// took come back as claimed by it, never as "another sender died mid-call",
+// and the messages are not handed back, so no delivery is spent on an
+// outage. It gives up, returning false, only when hold is done.
+func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, bool) {
+	token := uuid.New()
+	for failures := 0; ; {
+		dbCtx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
+		claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, s.cfg.Lease, token)
+		cancel()
+		if err == nil {
+			if failures > 0 {
+				s.log.Info("claim answered after failures; the messages were held meanwhile", "failures", failures, "messages", len(ids))
+			}
+			return claims, true
+		}
+		failures++
+		s.metrics.dbRetries.WithLabelValues("claim").Inc()
+		d := min(5*time.Second, 100*time.Millisecond<<min(failures, 6))
+		if retrying(failures) {
+			s.log.Warn("claim failed; holding the messages and trying again with the same claim token", "err", err, "messages", len(ids), "failures", failures, "retry_in", d.String())
+		}
+		if !sleep(hold, jitter(d)) {
+			s.log.Error("claim still failing at the shutdown timeout; its messages go back to JetStream", "err", err, "messages", len(ids))
+			return nil, false
+		}
+	}
+}

@@ -1,0 +1,136 @@
+package sender
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sendonce/sendonce/internal/streams"
+)
+
+// Defaults of Config, exported so that the command's flags show the same.
+const (
+	DefaultConcurrency     = 32
+	DefaultWriteBatch      = 256
+	DefaultRetryBase       = 500 * time.Millisecond
+	DefaultRetryCap        = 60 * time.Second
+	DefaultMaxNakDelay     = 30 * time.Second
+	DefaultDBTimeout       = 10 * time.Second
+	DefaultPublishTimeout  = 10 * time.Second
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// Config configures a Sender.
+type Config struct {
+	// Pool is the database pool; required.
+	Pool *pgxpool.Pool
+	// JetStream consumes and publishes dead letters; required.
+	JetStream jetstream.JetStream
+	// Provider sends; required.
+	Provider Provider
+	// Stream and Consumer name the durable pull consumer; default "SMS"
+	// and "senders".
+	Stream, Consumer string
+	// DeadLetterSubject and DeadLetterStream receive dead letters; default
+	// "sms.dlq" and "SMS_DLQ".
+	DeadLetterSubject, DeadLetterStream string
+	// Concurrency is the most provider calls in flight; default 32.
+	Concurrency int
+	// ClaimBatch is the most messages claimed in one database round trip;
+	// default Concurrency.
+	ClaimBatch int
+	// WriteBatch is the most status writes committed together; default 256.
+	WriteBatch int
+	// Lease is how long a claimed row is held for its attempt, stamped in
+	// the row by the database clock: a claim that finds a row sending under
+	// a live lease backs off, one that finds the lease run out takes over.
+	// It must exceed the provider timeout plus the status write; default
+	// 2*provider timeout + 5s.
+	Lease time.Duration
+	// RetryBase and RetryCap shape the full-jitter backoff between attempts:
+	// U(0, min(RetryCap, RetryBase*2^attempt)). Default 500ms and 60s.
+	RetryBase, RetryCap time.Duration
+	// MaxNakDelay is the longest retry wait kept in JetStream (a Nak with
+	// delay holds one of the consumer's MaxAckPending slots all along); a
+	// longer one (a long Retry-After) acks the message and parks the row in
+	// Postgres, queued with its next_attempt_at, for the reconciler to
+	// republish when due. Default 30s.
+	MaxNakDelay time.Duration
+	// DBTimeout bounds each database round trip; default 10s. A claim or a
+	// status write that fails is tried again (with the same claim token,
+	// or the same results) for as long as the process runs: what was
+	// learned is never dropped for an outage.
+	DBTimeout time.Duration
+	// PublishTimeout bounds a dead letter's publication; default 10s.
+	PublishTimeout time.Duration
+	// ShutdownTimeout bounds how long Run, once its context is done, keeps
+	// trying to finish what it holds (claims whose answer was lost, status
+	// writes, dead letters) through an outage; default 30s.
+	ShutdownTimeout time.Duration
+	// Name identifies this sender in the attempts log; default the host name.
+	Name string
+	// Logger receives the sender's logs; default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the sender's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() {
+	if c.Name == "" {
+		c.Name, _ = os.Hostname()
+	}
+	c.Stream = cmp.Or(c.Stream, streams.Stream)
+	c.Consumer = cmp.Or(c.Consumer, streams.Consumer)
+	c.DeadLetterSubject = cmp.Or(c.DeadLetterSubject, streams.SubjectDeadLetter)
+	c.DeadLetterStream = cmp.Or(c.DeadLetterStream, streams.DeadLetterStream)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.ClaimBatch = cmp.Or(c.ClaimBatch, c.Concurrency)
+	c.WriteBatch = cmp.Or(c.WriteBatch, DefaultWriteBatch)
+	if c.Provider != nil {
+		c.Lease = cmp.Or(c.Lease, 2*c.Provider.Timeout()+5*time.Second)
+	}
+	c.RetryBase = cmp.Or(c.RetryBase, DefaultRetryBase)
+	c.RetryCap = cmp.Or(c.RetryCap, DefaultRetryCap)
+	c.DBTimeout = cmp.Or(c.DBTimeout, DefaultDBTimeout)
+	c.MaxNakDelay = cmp.Or(c.MaxNakDelay, DefaultMaxNakDelay)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("sender: Config.Pool is required")
+	case c.JetStream == nil:
+		return errors.New("sender: Config.JetStream is required")
+	case c.Provider == nil:
+		return errors.New("sender: Config.Provider is required")
+	case c.Concurrency < 1 || c.Concurrency > 10000:
+		return fmt.Errorf("sender: Concurrency %d is outside 1..10000", c.Concurrency)
+	case c.ClaimBatch < 1:
+		return fmt.Errorf("sender: ClaimBatch %d must be at least 1", c.ClaimBatch)
+	case c.WriteBatch < 1:
+		return fmt.Errorf("sender: WriteBatch %d must be at least 1", c.WriteBatch)
+	case c.Lease <= c.Provider.Timeout():
+		return fmt.Errorf("sender: Lease %s must exceed the provider timeout %s", c.Lease, c.Provider.Timeout())
+	case c.RetryBase <= 0:
+		return fmt.Errorf("sender: RetryBase %s must be positive", c.RetryBase)
+	case c.RetryCap < c.RetryBase:
+		return fmt.Errorf("sender: RetryCap %s is below RetryBase %s", c.RetryCap, c.RetryBase)
+	case c.MaxNakDelay <= 0:
+		return fmt.Errorf("sender: MaxNakDelay %s must be positive", c.MaxNakDelay)
+	case c.DBTimeout <= 0 || c.PublishTimeout <= 0 || c.ShutdownTimeout <= 0:
+		return errors.New("sender: DBTimeout, PublishTimeout and ShutdownTimeout must be positive")
+	}
+	return nil
+}

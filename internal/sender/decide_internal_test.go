@@ -1,0 +1,83 @@
+package sender
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/provider"
+)
+
+// decide is the whole of the sender's judgement: every outcome a provider
+// call, or its absence, can have, against what the row tells.
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	p := policy{backoff: 700 * time.Millisecond, maxNakDelay: 30 * time.Second}
+	fresh := facts{idempotent: true, attempt: 1, maxAttempts: 8}
+	with := func(f facts, edit func(*facts)) facts { edit(&f); return f }
+	sent := &provider.Outcome{Kind: provider.Sent, Ref: "msg_1", HTTPStatus: 201}
+	r503 := &provider.Outcome{Kind: provider.Retry, HTTPStatus: 503, Reason: "unavailable"}
+	r429 := &provider.Outcome{Kind: provider.Retry, HTTPStatus: 429, After: 2 * time.Second, Reason: "slow down"}
+	longWait := &provider.Outcome{Kind: provider.Retry, HTTPStatus: 429, After: 10 * time.Minute, Reason: "slow down"}
+	lost := &provider.Outcome{Kind: provider.Retry, Reason: "no response after the request was sent: timeout", MaybeAccepted: true}
+	perm := &provider.Outcome{Kind: provider.Permanent, HTTPStatus: 400, Code: 21211, Reason: "invalid To"}
+	amb := &provider.Outcome{Kind: provider.Ambiguous, Reason: "no response after the request was sent: timeout", MaybeAccepted: true}
+
+	tests := []struct {
+		name string
+		f    facts
+		o    *provider.Outcome
+		want verdict
+	}{
+		{"fresh claim calls", fresh, nil, verdict{call: true}},
+		{"stale claim at an idempotent provider calls (the key replays)", with(fresh, func(f *facts) { f.stale = true }), nil, verdict{call: true}},
+		{"stale claim past the budget at an idempotent provider still calls", with(fresh, func(f *facts) { f.stale, f.attempt = true, 9 }), nil, verdict{call: true}},
+		{"stale claim at a provider without idempotency ends unknown", with(fresh, func(f *facts) { f.stale, f.idempotent = true, false }), nil,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "ambiguous", letter: true}},
+		{"over budget without a call ends dead", with(fresh, func(f *facts) { f.attempt = 9 }), nil,
+			verdict{status: outbox.StatusDead, reason: "max_attempts", action: term, outcome: "max_attempts", letter: true}},
+		{"over budget after a maybe-accepted attempt ends unknown", with(fresh, func(f *facts) { f.attempt, f.maybeAccepted = 9, true }), nil,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, outcome: "max_attempts", letter: true}},
+
+		{"sent", fresh, sent, verdict{status: outbox.StatusSent, action: ack, outcome: "sent"}},
+		{"503 retries after the backoff", fresh, r503, verdict{status: outbox.StatusQueued, action: nak, delay: 700 * time.Millisecond, outcome: "retry"}},
+		{"429 retries after Retry-After", fresh, r429, verdict{status: outbox.StatusQueued, action: nak, delay: 2 * time.Second, outcome: "retry"}},
+		{"a long Retry-After parks in Postgres", fresh, longWait,
+			verdict{status: outbox.StatusQueued, action: ack, delay: 10 * time.Minute, park: true, outcome: "retry"}},
+		{"the last delivery with attempts left parks, never dead", with(fresh, func(f *facts) { f.lastDelivery = true }), r503,
+			verdict{status: outbox.StatusQueued, action: ack, delay: 700 * time.Millisecond, park: true, outcome: "retry"}},
+		{"a lost answer at an idempotent provider retries, marked", fresh, lost,
+			verdict{status: outbox.StatusQueued, action: nak, delay: 700 * time.Millisecond, maybe: true, outcome: "retry"}},
+		{"the last attempt's retry ends dead", with(fresh, func(f *facts) { f.attempt = 8 }), r503,
+			verdict{status: outbox.StatusDead, reason: "max_attempts", action: term, outcome: "retry", letter: true}},
+		{"the last attempt's lost answer ends unknown", with(fresh, func(f *facts) { f.attempt = 8 }), lost,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "retry", letter: true}},
+		{"the last attempt after an earlier lost answer ends unknown", with(fresh, func(f *facts) { f.attempt, f.maybeAccepted = 8, true }), r503,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, outcome: "retry", letter: true}},
+		{"permanent ends dead", fresh, perm, verdict{status: outbox.StatusDead, reason: "permanent", action: term, outcome: "permanent", letter: true}},
+		{"permanent after a lost answer ends unknown", with(fresh, func(f *facts) { f.maybeAccepted = true }), perm,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, outcome: "permanent", letter: true}},
+		{"ambiguous ends unknown", with(fresh, func(f *facts) { f.idempotent = false }), amb,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "ambiguous", letter: true}},
+		{"an unclassified outcome ends dead", fresh, &provider.Outcome{}, verdict{status: outbox.StatusDead, reason: "permanent", action: term, outcome: "permanent", letter: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := decide(tt.f, tt.o, p)
+			errText := got.errText
+			got.errText = ""
+			if got != tt.want {
+				t.Fatalf("decide = %+v\nwant     %+v", got, tt.want)
+			}
+			switch {
+			case got.status == outbox.StatusUnknown && !strings.Contains(errText, "provider") && !strings.Contains(errText, "outcome") && !strings.Contains(errText, "response"):
+				t.Errorf("unknown without saying why: %q", errText)
+			case got.status == outbox.StatusSent && errText != "":
+				t.Errorf("sent with an error text %q", errText)
+			case (got.status == outbox.StatusDead || got.status == outbox.StatusQueued) && errText == "":
+				t.Errorf("%s without an error text", got.status)
+			}
+		})
+	}
+}
