@@ -112,6 +112,8 @@ type result struct {
 	deadDelivered      []badRow // dead rows the provider did deliver: the application was told nothing went out
 	unknownDelivered   int      // unknown rows the provider did deliver (unknown allows it)
 	noLetter           []badRow // dead or unknown rows without a dead letter
+	deadEarly          []badRow // dead for max_attempts with attempts left: a budget spent by something that was not an attempt
+	unknownForbidden   []badRow // unknown rows in a soak whose faults cannot make one (a non-idempotent provider)
 	deadReasons        map[string]int
 	stats              smsstub.Stats
 	unexpected, unterm int64
@@ -119,7 +121,8 @@ type result struct {
 }
 
 func (r *result) failed() bool {
-	return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 || len(r.deadDelivered) > 0 || len(r.noLetter) > 0
+	return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 || len(r.deadDelivered) > 0 || len(r.noLetter) > 0 ||
+		len(r.deadEarly) > 0 || len(r.unknownForbidden) > 0
 }
 
 // line is the soak's one-line verdict.
@@ -141,14 +144,15 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	type dbRow struct {
-		status, ref, lastErr string
-		attempts             int
+		status, ref, lastErr, reason string
+		attempts, maxAttempts        int
 	}
 	table := map[uuid.UUID]dbRow{}
-	rows, _ := s.pool.Query(cctx, `SELECT id, status, coalesce(provider_ref, ''), coalesce(last_error, ''), attempt_count FROM sms_outbox`)
+	rows, _ := s.pool.Query(cctx, `SELECT id, status, coalesce(provider_ref, ''), coalesce(last_error, ''), coalesce(end_reason, ''),
+		attempt_count, max_attempts FROM sms_outbox`)
 	var id uuid.UUID
 	var r dbRow
-	if _, err := pgx.ForEachRow(rows, []any{&id, &r.status, &r.ref, &r.lastErr, &r.attempts}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &r.status, &r.ref, &r.lastErr, &r.reason, &r.attempts, &r.maxAttempts}, func() error {
 		table[id] = r
 		return nil
 	}); err != nil {
@@ -195,10 +199,18 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 					b.why = "dead, but the provider delivered it"
 					res.deadDelivered = append(res.deadDelivered, b)
 				}
+				if row.reason == "max_attempts" && row.attempts < row.maxAttempts {
+					b.why = fmt.Sprintf("dead for max_attempts after %d of %d attempts", row.attempts, row.maxAttempts)
+					res.deadEarly = append(res.deadEarly, b)
+				}
 			} else {
 				res.unkn++
 				if d.Deliveries > 0 {
 					res.unknownDelivered++
+				}
+				if s.cfg.provider == providerNonIdempotent {
+					b.why = "unknown, though no fault drawn can make an outcome unknown: " + row.lastErr
+					res.unknownForbidden = append(res.unknownForbidden, b)
 				}
 			}
 			if !lettered[id] {
@@ -242,6 +254,30 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 			len(res.refMismatch), res.refMismatch[0].id, res.refMismatch[0].why)
 	}
 	return res, nil
+}
+
+// waitLetters waits until every dead or unknown row has its dead letter
+// recorded (the sender publishes it after the status; the reconciler
+// publishes those whose sender died in between), at most timeout; what is
+// still missing then shows in the check.
+func (s *soak) waitLetters(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var n int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE status IN ('dead', 'unknown') AND letter_seq IS NULL`).Scan(&n); err != nil {
+			return fmt.Errorf("count rows without their dead letter: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			s.logf("%d dead or unknown rows still have no dead letter recorded after %s", n, timeout)
+			return nil
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return err
+		}
+	}
 }
 
 // letteredRows returns the rows that have a dead letter on the broker.
@@ -299,7 +335,10 @@ func formatReasons(m map[string]int) string {
 
 // diagnose prints the offending rows and the trace of a few of them.
 func (s *soak) diagnose(ctx context.Context, res *result) {
-	bad := append(append(append(append([]badRow{}, res.dups...), res.lost...), res.deadDelivered...), res.noLetter...)
+	var bad []badRow
+	for _, l := range [][]badRow{res.dups, res.lost, res.deadDelivered, res.noLetter, res.deadEarly, res.unknownForbidden} {
+		bad = append(bad, l...)
+	}
 	for i, b := range bad {
 		if i == 20 {
 			s.logf("... and %d more", len(bad)-20)

@@ -25,6 +25,25 @@ var faultKinds = []string{
 	"storm_429",      // the stub rate-limits half the requests, Retry-After 1s
 	"provider_reset", // reset the connections between senders and stub after the request
 	"db_cut",         // cut relays' and senders' database connections
+	"db_outage",      // partition Postgres from relays and senders for 15-35 s
+}
+
+// kindsFor returns the fault kinds drawn for a provider mode. At a provider
+// without idempotency, a sender killed mid-call, a lost response and a reset
+// response make an outcome unknown by nature; the others must not.
+func kindsFor(provider string) []string {
+	if provider == providerIdempotent {
+		return faultKinds
+	}
+	var out []string
+	for _, k := range faultKinds {
+		switch k {
+		case "sender_kill", "crashpoint", "lost_responses", "provider_reset":
+		default:
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // faultCounts counts injected faults by kind.
@@ -83,7 +102,7 @@ func (s *soak) faultLoop(ctx context.Context, stop <-chan struct{}) {
 		case <-time.After(gap):
 		}
 		if len(deck) == 0 {
-			deck = append(deck, faultKinds...)
+			deck = append(deck, kindsFor(s.cfg.provider)...)
 			s.rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
 		kind := deck[0]
@@ -156,6 +175,8 @@ func (s *soak) inject(ctx context.Context, kind string) (string, bool, error) {
 		return fmt.Sprintf("responses reset for %s", d.Round(time.Millisecond)), true, nil
 	case "db_cut":
 		return s.dbCut(ctx)
+	case "db_outage":
+		return s.dbOutage(ctx)
 	}
 	return "", false, fmt.Errorf("unknown fault kind %q", kind)
 }
@@ -288,4 +309,26 @@ func (s *soak) dbCut(ctx context.Context) (string, bool, error) {
 		}
 	}
 	return fmt.Sprintf("connections reset for %s", d.Round(time.Millisecond)), true, nil
+}
+
+// dbOutage partitions Postgres from the relays and senders for 15 to 35
+// seconds, longer than the senders' lease: queries and answers are dropped
+// and connections hang, as in a network partition. The senders must hold
+// what they learned (provider answers, claims whose answer was lost) and
+// write it when the database is back; the reconciler, behind the same
+// partition, must not mistake them for dead senders.
+func (s *soak) dbOutage(ctx context.Context) (string, bool, error) {
+	d := s.uniform(15*time.Second, 35*time.Second)
+	for _, stream := range []string{"upstream", "downstream"} {
+		if err := s.dbProxy.addToxic("soak_db_outage_"+stream, "timeout", stream, map[string]any{"timeout": 0}); err != nil {
+			return "", true, err
+		}
+	}
+	_ = sleepCtx(ctx, d)
+	for _, stream := range []string{"upstream", "downstream"} {
+		if err := s.dbProxy.removeToxic("soak_db_outage_" + stream); err != nil {
+			return "", true, err
+		}
+	}
+	return fmt.Sprintf("postgres partitioned for %s", d.Round(time.Millisecond)), true, nil
 }

@@ -12,10 +12,12 @@
 //
 // Load: a few writer goroutines enqueue the rows with outbox.Enqueue, 50 per
 // transaction, spread over the load phase. Meanwhile one fault at a time,
-// drawn at random from ten kinds (SIGKILL of a sender or a relay, a crash
+// drawn at random from eleven kinds (SIGKILL of a sender or a relay, a crash
 // point, SIGTERM of a sender, a broker restart, lost responses, a 5xx
 // burst, a 429 storm, connection resets on the provider path, a cut of the
-// database connections), is injected every few seconds.
+// database connections, a Postgres outage of 15-35 s), is injected every few
+// seconds. With -provider non-idempotent the stub ignores keys and only the
+// kinds that cannot make an outcome unknown by themselves are drawn.
 //
 // End: every fault is restored, every process made to run, and the soak waits
 // for every row to reach a terminal status. It then compares the rows with
@@ -66,7 +68,20 @@ type config struct {
 	keepLogs      bool
 	holdOnFailure bool
 	holdMax       time.Duration
+	provider      string
 }
+
+// The provider modes of the soak.
+const (
+	// providerIdempotent: the stub honours Idempotency-Key; every fault kind.
+	providerIdempotent = "idempotent"
+	// providerNonIdempotent: the stub ignores keys (like most real SMS
+	// APIs), and the soak draws only faults that cannot make an outcome
+	// unknown by themselves (no sender killed mid-call, no lost or reset
+	// responses): any row that ends unknown is then a fault of sendonce's
+	// (an outage turned into a guess), and fails the soak.
+	providerNonIdempotent = "non-idempotent"
+)
 
 // maxRows bounds -rows: phone numbers are +1555 and 7 digits of the row index.
 const maxRows = 1_000_000
@@ -91,6 +106,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	s.Bool(&c.holdOnFailure, "hold-on-failure", "SOAK_HOLD_ON_FAILURE", false,
 		"on a duplicate or a loss, keep NATS, the stub and the processes running (print how to reach them) until SIGINT or -hold-max")
 	s.Duration(&c.holdMax, "hold-max", "SOAK_HOLD_MAX", time.Hour, time.Second, 24*time.Hour, "longest hold with -hold-on-failure")
+	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent},
+		"idempotent: the stub honours keys, every fault kind; non-idempotent: the stub ignores keys, only faults that cannot make an outcome unknown, and any unknown row fails the soak")
 	s.Check(func() error {
 		u, err := url.Parse(c.databaseURL)
 		if err != nil {

@@ -43,7 +43,7 @@ func TestLine(t *testing.T) {
 	f.add("db_cut")
 	r := &result{rows: 10, faults: f.summary(), sent: 9, dead: 1, dups: []badRow{{}}}
 	got := r.line(9*time.Minute + 12*time.Second + 300*time.Millisecond)
-	want := "soak: rows 10; faults 3 (sender_kill 1, relay_kill 0, crashpoint 0, sender_term 0, broker_restart 0, lost_responses 0, burst_5xx 0, storm_429 0, provider_reset 0, db_cut 2); sent 9, dead 1, unknown 0; duplicates 1; dead but delivered 0; lost 0; wall 9m12s"
+	want := "soak: rows 10; faults 3 (sender_kill 1, relay_kill 0, crashpoint 0, sender_term 0, broker_restart 0, lost_responses 0, burst_5xx 0, storm_429 0, provider_reset 0, db_cut 2, db_outage 0); sent 9, dead 1, unknown 0; duplicates 1; dead but delivered 0; lost 0; wall 9m12s"
 	if got != want {
 		t.Fatalf("line:\n got %s\nwant %s", got, want)
 	}
@@ -55,6 +55,32 @@ func TestLine(t *testing.T) {
 	}
 	if r := (&result{noLetter: []badRow{{}}}); !r.failed() {
 		t.Fatal("a dead row without its dead letter must fail the soak")
+	}
+	if r := (&result{deadEarly: []badRow{{}}}); !r.failed() {
+		t.Fatal("a row dead for max_attempts with attempts left must fail the soak")
+	}
+	if r := (&result{unknownForbidden: []badRow{{}}}); !r.failed() {
+		t.Fatal("an unknown row at a non-idempotent provider under faults that cannot make one must fail the soak")
+	}
+}
+
+// Without idempotency, the soak draws no fault that makes an outcome
+// unknown by nature, so that any unknown row is sendonce's fault.
+func TestKindsForANonIdempotentProvider(t *testing.T) {
+	t.Parallel()
+	got := strings.Join(kindsFor(providerNonIdempotent), ",")
+	for _, k := range []string{"sender_kill", "crashpoint", "lost_responses", "provider_reset"} {
+		if strings.Contains(got, k) {
+			t.Errorf("non-idempotent soak draws %s", k)
+		}
+	}
+	for _, k := range []string{"db_outage", "db_cut", "broker_restart", "relay_kill", "sender_term"} {
+		if !strings.Contains(got, k) {
+			t.Errorf("non-idempotent soak does not draw %s", k)
+		}
+	}
+	if len(kindsFor(providerIdempotent)) != len(faultKinds) {
+		t.Error("the idempotent soak does not draw every kind")
 	}
 }
 

@@ -244,12 +244,16 @@ type stubProc struct {
 
 // startStub starts bin/smsstub on a free port and reads its URL from the
 // line it prints once listening.
-func startStub(ctx context.Context, binDir, logDir, apiKey string) (*stubProc, error) {
+func startStub(ctx context.Context, binDir, logDir, apiKey string, ignoreKeys bool) (*stubProc, error) {
 	f, err := os.Create(filepath.Join(logDir, "smsstub.log"))
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(binDir, "smsstub"), "-addr", "127.0.0.1:0")
+	args := []string{"-addr", "127.0.0.1:0"}
+	if ignoreKeys {
+		args = append(args, "-ignore-keys")
+	}
+	cmd := exec.Command(filepath.Join(binDir, "smsstub"), args...)
 	cmd.Env = append(childEnviron(), "SMS_API_KEY="+apiKey)
 	first := make(chan string, 1)
 	cmd.Stdout = &lineCatcher{w: f, first: first}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -102,8 +103,9 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 			return false, fmt.Errorf("binary %s not found in %s (run make build): %w", b, s.cfg.binDir, err)
 		}
 	}
-	s.logf("seed %d; rows %d over %s; a fault every %s-%s; logs in %s",
-		s.cfg.seed, s.cfg.rows, s.cfg.loadDuration, s.cfg.faultInterval/3, s.cfg.faultInterval, s.logDir)
+	s.logf("seed %d; rows %d over %s; a fault every %s-%s; %s provider (faults: %s); logs in %s",
+		s.cfg.seed, s.cfg.rows, s.cfg.loadDuration, s.cfg.faultInterval/3, s.cfg.faultInterval, s.cfg.provider,
+		strings.Join(kindsFor(s.cfg.provider), ", "), s.logDir)
 
 	s.directURL = s.cfg.databaseURL
 	if err := recreateDatabase(ctx, s.directURL); err != nil {
@@ -131,7 +133,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	s.proxiedURL = u.String()
 
 	s.apiKey = "soak-" + uuid.NewString()
-	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey); err != nil {
+	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey, s.cfg.provider == providerNonIdempotent); err != nil {
 		return false, err
 	}
 	stubAddr, err := hostPort(s.stub.url, "80")
@@ -151,7 +153,8 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	relayEnv := append(common[:len(common):len(common)], "RECONCILE_INTERVAL=2s", "RECONCILE_GRACE=40s")
 	senderEnv := append(common[:len(common):len(common)],
 		"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey,
-		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32")
+		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32",
+		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", s.cfg.provider == providerIdempotent))
 	for i := range 2 {
 		s.relays = append(s.relays, s.newSlot(fmt.Sprintf("relay-%d", i+1), "relay", relayEnv))
 	}
@@ -194,6 +197,11 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	}
 	s.logf("faults restored; 2 relays and 3 senders running; waiting up to %s for every row to finish", s.cfg.drainTimeout)
 	if err := s.waitTerminal(ctx, s.cfg.drainTimeout); err != nil {
+		return false, err
+	}
+	// A row that ended dead or unknown gets its dead letter after its
+	// status; one whose sender died in between gets it from the reconciler.
+	if err := s.waitLetters(ctx, 2*time.Minute); err != nil {
 		return false, err
 	}
 	close(s.progressStop)
