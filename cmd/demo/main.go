@@ -31,8 +31,8 @@ import (
 
 	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 func main() {

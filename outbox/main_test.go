@@ -1,0 +1,35 @@
+package outbox_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/sendonce/sendonce/internal/pgtest"
+)
+
+// db is a migrated database shared by the tests and the examples, which
+// read its URL from DATABASE_URL as an application would.
+var db *pgxpool.Pool
+
+func TestMain(m *testing.M) {
+	url, drop := pgtest.NewMigratedForMain()
+	os.Setenv("DATABASE_URL", url)
+	var err error
+	if db, err = pgxpool.New(context.Background(), url); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	db.Close()
+	drop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
