@@ -17,6 +17,7 @@ import (
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -85,7 +86,7 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		_, js := srv.Connect(t, nats.UserInfo("relay", "relay-pw-1"))
 		return js
 	}()
-	waitFor(t, 30*time.Second, "the relay to create the streams", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the relay to create the streams", func() bool {
 		_, err := admin.Consumer(context.Background(), streams.Stream, streams.Consumer)
 		return err == nil
 	})
@@ -117,7 +118,7 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		}
 		_ = nc.Publish(c.subject, []byte("{}"))
 		_ = nc.Flush()
-		waitFor(t, 10*time.Second, "a permissions violation for "+c.user+" on "+c.subject, func() bool {
+		testkit.WaitFor(t, 10*time.Second, "a permissions violation for "+c.user+" on "+c.subject, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return got != nil && errors.Is(got, nats.ErrPermissionViolation)

@@ -26,6 +26,7 @@ import (
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/toxictest"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -107,7 +108,7 @@ func TestChaosRepublishAfterDedupWindow(t *testing.T) {
 	}
 	time.Sleep(5 * time.Second) // the stall: longer than the Duplicates window
 	e.startRelay(relay.Config{})
-	waitFor(t, 30*time.Second, "the republication", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the republication", func() bool {
 		for _, n := range e.streamCounts() {
 			if n != 2 {
 				return false
@@ -196,7 +197,7 @@ func TestChaosLostResponses(t *testing.T) {
 			e.startSender(senderOptions{baseURL: proxy.URL(), timeout: 300 * time.Millisecond})
 			ids := e.insert(10)
 			e.setBudget(ids, 100)
-			waitFor(t, 30*time.Second, "every message accepted and retried", func() bool {
+			testkit.WaitFor(t, 30*time.Second, "every message accepted and retried", func() bool {
 				d := e.stub.Deliveries()
 				for _, id := range ids {
 					if d[id.String()].Deliveries != 1 || e.row(id).attempts < 2 {
@@ -229,10 +230,10 @@ func TestChaosOneMessageTwoSenders(t *testing.T) {
 	e.startRelay(relay.Config{})
 	startSenderVia(t, e, "nats://"+natsProxy.Addr(), 10*time.Second)
 	ids := e.insert(1)
-	waitFor(t, 30*time.Second, "sender A to call the provider", func() bool { return e.stub.Stats().Requests == 1 })
+	testkit.WaitFor(t, 30*time.Second, "sender A to call the provider", func() bool { return e.stub.Stats().Requests == 1 })
 	natsProxy.Disable() // A's InProgress heartbeats are lost from here on
 	e.startSender(senderOptions{timeout: 10 * time.Second})
-	waitFor(t, 30*time.Second, "A's attempt to finish", func() bool { return e.row(ids[0]).status == outbox.StatusSent })
+	testkit.WaitFor(t, 30*time.Second, "A's attempt to finish", func() bool { return e.row(ids[0]).status == outbox.StatusSent })
 	natsProxy.Enable()
 	e.checkInvariants(ids, time.Minute)
 	if n := e.stub.Stats().Requests; n != 1 {

@@ -266,17 +266,6 @@ func (e *env) waitTerminal(ids []uuid.UUID, d time.Duration) map[uuid.UUID]row {
 	}
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // checkOnce asserts I1 for ids: a sent row was delivered exactly once, under
 // its own id as the key, and its provider_ref is the stub's id; no other row
 // was delivered more than once; and a dead row was not delivered at all

@@ -2,14 +2,12 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -63,33 +62,16 @@ func TestMain(m *testing.M) {
 type process struct {
 	name string
 	cmd  *exec.Cmd
-	logs *lockedBuffer
+	logs *testkit.Buffer
 	done chan error
 	out  chan string // stdout lines
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func startProcess(t *testing.T, name string, env []string, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binaries(t), name), args...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &process{name: name, cmd: cmd, logs: &lockedBuffer{}, done: make(chan error, 1), out: make(chan string, 16)}
+	p := &process{name: name, cmd: cmd, logs: &testkit.Buffer{}, done: make(chan error, 1), out: make(chan string, 16)}
 	cmd.Stderr = p.logs
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -169,7 +151,7 @@ func TestGracefulShutdownAndLogScan(t *testing.T) {
 		ids = append(ids, id.String())
 	}
 	ctx := context.Background()
-	waitFor(t, 60*time.Second, "some rows sent and some in flight", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "some rows sent and some in flight", func() bool {
 		var sent, sending int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status = 'sending') FROM sms_outbox`).Scan(&sent, &sending)
 		return sent >= 20 && sending > 0

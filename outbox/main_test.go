@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 // db is a migrated database shared by the tests and the examples, which
@@ -22,14 +22,5 @@ func TestMain(m *testing.M) {
 	if db, err = pgxpool.New(context.Background(), url); err != nil {
 		panic(err)
 	}
-	code := m.Run()
-	db.Close()
-	drop()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testkit.Main(m, db.Close, drop)
 }

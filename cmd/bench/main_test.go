@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 func TestPercentile(t *testing.T) {
 	t.Parallel()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 // The demo as make demo runs it, on freshly built binaries as separate
@@ -28,7 +29,7 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": url}
 	var out, errOut bytes.Buffer
 	args := []string{"demo", "-bin", bin, "-n", "300", "-fail-rate", "0.1", "-withhold-rate", "0.05", "-sms-api-timeout", "300ms"}
-	code := run(ctx, args, func(k string) string { return env[k] }, &out, &errOut)
+	code := run(ctx, args, testkit.EnvMap(env), &out, &errOut)
 	t.Log(out.String())
 	if code != 0 {
 		t.Fatalf("demo exit %d: %s", code, errOut.String())

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,28 +10,9 @@ import (
 
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
-
-func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
-// syncBuffer is a bytes.Buffer safe for the writes of a running command.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestBadConfigurationNamesTheSetting(t *testing.T) {
 	t.Parallel()
@@ -65,8 +44,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 			for k, v := range tt.env {
 				env[k] = v
 			}
-			var out, errOut syncBuffer
-			code := run(context.Background(), append([]string{"relay"}, tt.args...), envMap(env), &out, &errOut)
+			var out, errOut testkit.Buffer
+			code := run(context.Background(), append([]string{"relay"}, tt.args...), testkit.EnvMap(env), &out, &errOut)
 			if code != 2 || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s", code, errOut.String(), tt.want)
 			}
@@ -76,8 +55,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 
 func TestHelpListsEverySetting(t *testing.T) {
 	t.Parallel()
-	var out, errOut syncBuffer
-	if code := run(context.Background(), []string{"relay", "-h"}, envMap(nil), &out, &errOut); code != 0 {
+	var out, errOut testkit.Buffer
+	if code := run(context.Background(), []string{"relay", "-h"}, testkit.EnvMap(nil), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	for _, env := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "RELAY_BATCH_SIZE", "RELAY_WORKERS", "RELAY_PUBLISH_WINDOW",
@@ -90,9 +69,9 @@ func TestHelpListsEverySetting(t *testing.T) {
 
 func TestUnreachableDatabaseNamesTheSetting(t *testing.T) {
 	t.Parallel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	env := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", "HTTP_ADDR": ""}
-	if code := run(context.Background(), []string{"relay"}, envMap(env), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_URL") {
+	if code := run(context.Background(), []string{"relay"}, testkit.EnvMap(env), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_URL") {
 		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
 }
@@ -112,8 +91,8 @@ func TestMigrateCreatesTheDatabaseAndIsIdempotent(t *testing.T) {
 	}
 	admin.Close(ctx)
 	for i := range 2 {
-		var out, errOut syncBuffer
-		if code := run(ctx, []string{"relay", "migrate"}, envMap(map[string]string{"DATABASE_URL": url}), &out, &errOut); code != 0 {
+		var out, errOut testkit.Buffer
+		if code := run(ctx, []string{"relay", "migrate"}, testkit.EnvMap(map[string]string{"DATABASE_URL": url}), &out, &errOut); code != 0 {
 			t.Fatalf("migrate run %d: exit %d: %s", i, code, errOut.String())
 		}
 	}
@@ -137,8 +116,8 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": "127.0.0.1:0", "RELAY_POLL_INTERVAL": "50ms"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	var out, errOut syncBuffer
-	go func() { done <- run(ctx, []string{"relay"}, envMap(env), &out, &errOut) }()
+	var out, errOut testkit.Buffer
+	go func() { done <- run(ctx, []string{"relay"}, testkit.EnvMap(env), &out, &errOut) }()
 
 	conn, err := pgx.Connect(context.Background(), url)
 	if err != nil {

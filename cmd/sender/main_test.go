@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,27 +16,9 @@ import (
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
-
-func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestBadConfigurationNamesTheSetting(t *testing.T) {
 	t.Parallel()
@@ -71,8 +51,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 			for k, v := range tt.env {
 				env[k] = v
 			}
-			var out, errOut syncBuffer
-			code := run(context.Background(), append([]string{"sender"}, tt.args...), envMap(env), &out, &errOut)
+			var out, errOut testkit.Buffer
+			code := run(context.Background(), append([]string{"sender"}, tt.args...), testkit.EnvMap(env), &out, &errOut)
 			if code != 2 || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s", code, errOut.String(), tt.want)
 			}
@@ -82,9 +62,9 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 
 func TestHelpListsSettingsWithoutSecrets(t *testing.T) {
 	t.Parallel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	env := map[string]string{"SMS_API_KEY": "super-secret-key"}
-	if code := run(context.Background(), []string{"sender", "-h"}, envMap(env), &out, &errOut); code != 0 {
+	if code := run(context.Background(), []string{"sender", "-h"}, testkit.EnvMap(env), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	help := errOut.String()
@@ -122,9 +102,9 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"sender"}, envMap(env), &out, &errOut) }()
+	go func() { done <- run(ctx, []string{"sender"}, testkit.EnvMap(env), &out, &errOut) }()
 
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {

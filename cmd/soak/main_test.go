@@ -14,11 +14,12 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 func TestParseConfig(t *testing.T) {
 	env := map[string]string{}
-	getenv := func(k string) string { return env[k] }
+	getenv := testkit.EnvMap(env)
 	c, err := parseConfig([]string{"-rows", "5000", "-seed", "7"}, getenv, io.Discard)
 	if err != nil {
 		t.Fatal(err)

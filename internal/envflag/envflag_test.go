@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 // config is a program's settings, bound the way cmd/ binds them.
@@ -27,7 +28,7 @@ type config struct {
 func setup(t *testing.T, env map[string]string) (*envflag.Set, *config, *bytes.Buffer) {
 	t.Helper()
 	var out bytes.Buffer
-	s := envflag.New("prog", func(k string) string { return env[k] }, &out)
+	s := envflag.New("prog", testkit.EnvMap(env), &out)
 	c := &config{}
 	s.String(&c.dbURL, "database-url", "DATABASE_URL", "", "Postgres URL")
 	s.Required(&c.dbURL, "database-url")
