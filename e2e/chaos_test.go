@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
@@ -50,7 +51,7 @@ func TestChaosRelayKilledAfterPubAck(t *testing.T) {
 	e := setup(t, envOptions{})
 	e.auditStatuses()
 	ids := e.insert(500)
-	crashing := startProcess(t, "relay", e.processEnv(e.dbURL(), "SENDONCE_CRASHPOINTS=relay.after_puback=1", "RELAY_BATCH_SIZE=200"))
+	crashing := startProcess(t, "relay", e.processEnv(e.dbURL(), crashpoint.Env+"="+crashpoint.RelayAfterPubAck+"=1", "RELAY_BATCH_SIZE=200"))
 	select {
 	case err := <-crashing.done:
 		crashing.done <- err
@@ -143,7 +144,7 @@ func TestChaosSenderKilledAfterAccept(t *testing.T) {
 				flag = "SMS_API_IDEMPOTENT=false"
 			}
 			extra := []string{flag, "SENDER_LEASE=2s", "SENDER_CONCURRENCY=4"}
-			dying := startProcess(t, "sender", e.processEnv(e.dbURL(), append(extra, "SENDONCE_CRASHPOINTS=sender.after_accept=5")...))
+			dying := startProcess(t, "sender", e.processEnv(e.dbURL(), append(extra, crashpoint.Env+"="+crashpoint.SenderAfterAccept+"=5")...))
 			select {
 			case err := <-dying.done:
 				dying.done <- err

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/smsstub"
@@ -24,14 +25,14 @@ var (
 	buildErr error
 )
 
-// build builds relay, sender and smsstub (with -race) for the package's
-// subprocess tests.
+// build builds relay, sender and smsstub (with -race, and with the crash
+// points compiled in) for the package's subprocess tests.
 func build() {
 	binDir, buildErr = os.MkdirTemp("", "sendonce-e2e-bin-")
 	if buildErr != nil {
 		return
 	}
-	cmd := exec.Command("go", "build", "-race", "-o", binDir+"/", "../cmd/relay", "../cmd/sender", "../cmd/smsstub")
+	cmd := exec.Command("go", "build", "-race", "-tags", crashpoint.Tag, "-o", binDir+"/", "../cmd/relay", "../cmd/sender", "../cmd/smsstub")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 	}

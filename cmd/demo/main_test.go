@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/testkit"
 )
@@ -21,6 +24,16 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 	build := exec.Command("go", "build", "-o", bin+"/", "../relay", "../sender", "../smsstub")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
+	}
+	// A default build has no crash points: nothing in it reads the variable.
+	for _, b := range []string{"relay", "sender"} {
+		exe, err := os.ReadFile(filepath.Join(bin, b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(exe, []byte(crashpoint.Env)) {
+			t.Errorf("a default build of %s mentions %s", b, crashpoint.Env)
+		}
 	}
 	// A database name that does not exist yet: the demo's migrate creates it.
 	url := pgtest.NewDatabase(t)

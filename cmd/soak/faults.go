@@ -222,7 +222,7 @@ func (s *soak) crashPoint(ctx context.Context) (string, bool, error) {
 			s.logf("UNCLEAN: %s did not exit within 25s of SIGTERM; see %s.log", sl.name, sl.name)
 		}
 	}
-	if err := sl.startLocked(ctx, []string{"SENDONCE_CRASHPOINTS=" + spec}); err != nil {
+	if err := sl.startLocked(ctx, []string{crashpoint.Env + "=" + spec}); err != nil {
 		return "", false, err
 	}
 	armed := sl.cur.Load()

@@ -43,6 +43,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/envflag"
 )
 
@@ -76,7 +77,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	s := envflag.New("soak", getenv, stderr)
 	s.Int(&c.rows, "rows", "SOAK_ROWS", 100_000, 1, maxRows, "rows to push through the pipeline")
 	s.Int(&c.seed, "seed", "SOAK_SEED", 0, 0, math.MaxInt, "seed of the fault schedule; 0 picks one (printed at start)")
-	s.String(&c.binDir, "bin", "SOAK_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
+	s.String(&c.binDir, "bin", "SOAK_BIN", "bin/crash", "directory holding the relay, sender and smsstub binaries, built with -tags "+crashpoint.Tag)
 	s.String(&c.databaseURL, "database-url", "SOAK_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_soak?sslmode=disable",
 		"Postgres database for the soak: DROPPED and recreated at start (its name must contain \"soak\")")
 	s.URL(&c.databaseURL, "database-url", "postgres", "postgresql")

@@ -24,7 +24,7 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.rows != 5000 || c.seed != 7 || c.loadDuration != time.Minute || c.binDir != "bin" {
+	if c.rows != 5000 || c.seed != 7 || c.loadDuration != time.Minute || c.binDir != "bin/crash" {
 		t.Fatalf("got %+v", c)
 	}
 	env["SOAK_ROWS"] = "100000"

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/crashpoint"
 )
 
 // slot is one long-lived role (relay-1, sender-2, ...): the process that
@@ -220,7 +222,7 @@ func (sw *startWatcher) Write(b []byte) (int, error) {
 func childEnviron() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "SENDONCE_CRASHPOINTS=") {
+		if strings.HasPrefix(kv, crashpoint.Env+"=") {
 			continue
 		}
 		env = append(env, kv)
