@@ -71,14 +71,8 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 
 	// Wrong credentials: fast failure naming the settings to check.
 	bad := startProcess(t, "relay", append(base, "NATS_USER=relay", "NATS_PASSWORD=wrong"))
-	select {
-	case err := <-bad.done:
-		bad.done <- err
-		if err == nil || !strings.Contains(bad.logs.String(), "NATS_USER/NATS_PASSWORD") {
-			t.Fatalf("wrong password: exit %v, logs %s", err, bad.logs.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("a relay with a wrong password did not stop")
+	if err := bad.waitExit(t, 30*time.Second); err == nil || !strings.Contains(bad.logs.String(), "NATS_USER/NATS_PASSWORD") {
+		t.Fatalf("wrong password: exit %v, logs %s", err, bad.logs.String())
 	}
 
 	startProcess(t, "relay", append(base, "NATS_USER=relay", "NATS_PASSWORD=relay-pw-1"))

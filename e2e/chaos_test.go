@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,14 +53,8 @@ func TestChaosRelayKilledAfterPubAck(t *testing.T) {
 	e.auditStatuses()
 	ids := e.insert(500)
 	crashing := startProcess(t, "relay", e.processEnv(e.dbURL(), crashpoint.Env+"="+crashpoint.RelayAfterPubAck+"=1", "RELAY_BATCH_SIZE=200"))
-	select {
-	case err := <-crashing.done:
-		crashing.done <- err
-		if err == nil || !strings.Contains(err.Error(), "killed") {
-			t.Fatalf("relay exit: %v, want killed", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the relay did not reach its crash point")
+	if err := crashing.waitExit(t, 60*time.Second); !crashing.KilledBy(syscall.SIGKILL) {
+		t.Fatalf("relay exit: %v, want killed at its crash point", err)
 	}
 	// The crashing batch's 200 rows were all acknowledged before the kill; the
 	// relay's other worker may have published some of its own batch too.
@@ -145,14 +140,8 @@ func TestChaosSenderKilledAfterAccept(t *testing.T) {
 			}
 			extra := []string{flag, "SENDER_LEASE=2s", "SENDER_CONCURRENCY=4"}
 			dying := startProcess(t, "sender", e.processEnv(e.dbURL(), append(extra, crashpoint.Env+"="+crashpoint.SenderAfterAccept+"=5")...))
-			select {
-			case err := <-dying.done:
-				dying.done <- err
-				if err == nil || !strings.Contains(err.Error(), "killed") {
-					t.Fatalf("sender exit: %v, want killed", err)
-				}
-			case <-time.After(60 * time.Second):
-				t.Fatal("the sender did not reach its crash point")
+			if err := dying.waitExit(t, 60*time.Second); !dying.KilledBy(syscall.SIGKILL) {
+				t.Fatalf("sender exit: %v, want killed at its crash point", err)
 			}
 			startProcess(t, "sender", e.processEnv(e.dbURL(), extra...))
 			rows := e.checkInvariants(ids, 2*time.Minute)

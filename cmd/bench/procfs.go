@@ -35,7 +35,7 @@ type cpuSample struct {
 func (b *bench) sampleCPU() cpuSample {
 	s := cpuSample{at: time.Now(), ticks: map[string]int64{}}
 	for _, p := range b.procs {
-		if t, err := procTicks(strconv.Itoa(p.cmd.Process.Pid)); err == nil {
+		if t, err := procTicks(strconv.Itoa(p.Pid())); err == nil {
 			s.ticks[p.role] += t
 		}
 	}
@@ -241,8 +241,8 @@ func readMemory(pid int) (memory, error) {
 func (b *bench) memories() map[string]memory {
 	out := map[string]memory{}
 	for _, p := range b.procs {
-		if m, err := readMemory(p.cmd.Process.Pid); err == nil {
-			out[p.name] = m
+		if m, err := readMemory(p.Pid()); err == nil {
+			out[p.Name()] = m
 		}
 	}
 	return out

@@ -10,7 +10,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -18,7 +17,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -31,6 +29,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -94,15 +93,8 @@ type demo struct {
 	cfg    config
 	out    io.Writer
 	logDir string
-	procs  []*proc
+	procs  []*proc.Process
 	stop   []func()
-}
-
-type proc struct {
-	name  string
-	cmd   *exec.Cmd
-	done  chan error
-	lines chan string
 }
 
 func (d *demo) run(ctx context.Context) error {
@@ -110,10 +102,8 @@ func (d *demo) run(ctx context.Context) error {
 	if d.logDir, err = os.MkdirTemp("", "sendonce-demo-"); err != nil {
 		return err
 	}
-	for _, b := range []string{"relay", "sender", "smsstub"} {
-		if _, err := os.Stat(filepath.Join(d.cfg.binDir, b)); err != nil {
-			return fmt.Errorf("binary %s not found in %s (run make build): %w", b, d.cfg.binDir, err)
-		}
+	if err := proc.Binaries(d.cfg.binDir, "relay", "sender", "smsstub"); err != nil {
+		return err
 	}
 
 	natsURL := d.cfg.natsURL
@@ -130,10 +120,8 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	env := []string{"DATABASE_URL=" + d.cfg.databaseURL, "NATS_URL=" + natsURL, "LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0"}
-	migrate := exec.CommandContext(ctx, filepath.Join(d.cfg.binDir, "relay"), "migrate")
-	migrate.Env = append(os.Environ(), env...)
-	if out, err := migrate.CombinedOutput(); err != nil {
-		return fmt.Errorf("relay migrate: %v\n%s", err, out)
+	if _, err := proc.Run(ctx, filepath.Join(d.cfg.binDir, "relay"), []string{"migrate"}, env); err != nil {
+		return err
 	}
 	fmt.Fprintf(d.out, "database: migrated %s\n", redact(d.cfg.databaseURL))
 
@@ -145,13 +133,13 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Fprintf(d.out, "provider: stub at %s (503 for %.0f%% of requests, %.0f%% of messages accepted but never answered, %s latency)\n",
 		stubURL, 100*d.cfg.failRate, 100*d.cfg.withholdRate, d.cfg.latency)
 
-	if _, err := d.start(ctx, "relay", "relay", nil, env); err != nil {
+	if _, err := d.start("relay", "relay", nil, env); err != nil {
 		return err
 	}
 	senderEnv := append(env[:len(env):len(env)], "SMS_API_BASE="+stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+apiKey,
 		"SMS_API_TIMEOUT="+d.cfg.apiTimeout.String(), "RETRY_BASE=100ms", "RETRY_CAP=2s")
 	for i := range d.cfg.senders {
-		if _, err := d.start(ctx, fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {
+		if _, err := d.start(fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {
 			return err
 		}
 	}
@@ -224,10 +212,8 @@ func (d *demo) progress(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID
 			return counts, nil
 		}
 		for _, p := range d.procs {
-			select {
-			case err := <-p.done:
-				return nil, fmt.Errorf("%s exited early: %v", p.name, err)
-			default:
+			if p.Exited() {
+				return nil, fmt.Errorf("%s exited early: %s", p.Name(), p.Status())
 			}
 		}
 		if time.Now().After(deadline) {
@@ -325,86 +311,28 @@ func (d *demo) startStub(ctx context.Context, apiKey string) (string, error) {
 	args := []string{"-addr", "127.0.0.1:0",
 		"-fail-rate", fmt.Sprint(d.cfg.failRate), "-fail-status", "503",
 		"-withhold-rate", fmt.Sprint(d.cfg.withholdRate), "-latency", d.cfg.latency.String()}
-	p, err := d.start(ctx, "smsstub", "smsstub", args, []string{"SMS_API_KEY=" + apiKey})
+	p, err := d.start("smsstub", "smsstub", args, []string{"SMS_API_KEY=" + apiKey})
 	if err != nil {
 		return "", err
 	}
-	line, err := p.firstLine(10 * time.Second)
-	if err != nil {
-		return "", fmt.Errorf("smsstub: %w", err)
-	}
-	u, ok := strings.CutPrefix(line, "smsstub listening on ")
-	if !ok {
-		return "", fmt.Errorf("smsstub printed %q", line)
-	}
-	return strings.TrimSpace(u), nil
+	return p.Announced(ctx, smsstub.Announcement, 10*time.Second)
 }
 
-func (d *demo) start(ctx context.Context, name, bin string, args, env []string) (*proc, error) {
-	logFile, err := os.Create(filepath.Join(d.logDir, name+".log"))
+// start starts a binary with its output in the log directory.
+func (d *demo) start(name, bin string, args, env []string) (*proc.Process, error) {
+	p, err := proc.Start(proc.Spec{Name: name, Path: filepath.Join(d.cfg.binDir, bin), Args: args, Env: env,
+		LogFile: filepath.Join(d.logDir, name+".log")})
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(d.cfg.binDir, bin), args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = logFile
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan error, 1)}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		first := true
-		for sc.Scan() {
-			if first {
-				lines <- sc.Text()
-				first = false
-			}
-		}
-		close(lines)
-	}()
-	go func() {
-		err := cmd.Wait()
-		logFile.Close()
-		p.done <- err
-	}()
-	p.lines = lines
 	d.procs = append(d.procs, p)
 	return p, nil
-}
-
-func (p *proc) firstLine(d time.Duration) (string, error) {
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			return "", errors.New("exited before printing its address")
-		}
-		return l, nil
-	case <-time.After(d):
-		return "", fmt.Errorf("no address printed within %s", d)
-	}
 }
 
 // cleanup stops the processes with SIGTERM (they drain and exit 0), then the
 // embedded server.
 func (d *demo) cleanup() {
-	for i := len(d.procs) - 1; i >= 0; i-- {
-		p := d.procs[i]
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for _, p := range d.procs {
-		select {
-		case <-p.done:
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	}
+	proc.StopAll(30*time.Second, d.procs...)
 	for _, f := range d.stop {
 		f()
 	}

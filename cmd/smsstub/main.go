@@ -103,7 +103,7 @@ func serve(ctx context.Context, opts options, logger *slog.Logger, stdout io.Wri
 		"retention", opts.cfg.Retention.String(), "fail_rate", f.FailRate, "rate_limit_rate", f.RateLimitRate,
 		"withhold_rate", f.WithholdRate, "withhold_mode", f.WithholdMode,
 		"latency", f.Latency.String(), "latency_jitter", f.LatencyJitter.String())
-	if _, err := fmt.Fprintf(stdout, "smsstub listening on http://%s\n", ln.Addr()); err != nil {
+	if _, err := fmt.Fprintf(stdout, "%shttp://%s\n", smsstub.Announcement, ln.Addr()); err != nil {
 		_ = srv.Close()
 		<-served
 		return fmt.Errorf("announce address: %w", err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strings"
@@ -56,35 +55,6 @@ func TestLine(t *testing.T) {
 	}
 	if r := (&result{noLetter: []badRow{{}}}); !r.failed() {
 		t.Fatal("a dead row without its dead letter must fail the soak")
-	}
-}
-
-func TestStartWatcherFindsSplitMarker(t *testing.T) {
-	var out bytes.Buffer
-	started := make(chan struct{})
-	w := &startWatcher{w: &out, marker: []byte(`"msg":"relay started"`), started: started}
-	for _, chunk := range []string{`{"level":"INFO","msg":"rel`, `ay sta`, `rted","batch_size":500}` + "\n"} {
-		if _, err := w.Write([]byte(chunk)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-started:
-	default:
-		t.Fatal("marker split over three writes not found")
-	}
-	if !strings.Contains(out.String(), "relay started") {
-		t.Fatal("output not passed through")
-	}
-}
-
-func TestLineCatcher(t *testing.T) {
-	first := make(chan string, 1)
-	lc := &lineCatcher{w: io.Discard, first: first}
-	_, _ = lc.Write([]byte("smsstub listening on http://127."))
-	_, _ = lc.Write([]byte("0.0.1:9090\nmore\n"))
-	if got := <-first; got != "smsstub listening on http://127.0.0.1:9090" {
-		t.Fatalf("first line %q", got)
 	}
 }
 

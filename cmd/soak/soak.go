@@ -274,8 +274,8 @@ func (s *soak) cleanup(failed bool) {
 		wg.Go(func() {
 			sl.mu.Lock()
 			defer sl.mu.Unlock()
-			if p := sl.cur.Load(); p != nil && !p.exited() {
-				if !p.stop(syscall.SIGTERM, 20*time.Second) {
+			if p := sl.cur.Load(); p != nil && !p.Exited() {
+				if !p.Stop(syscall.SIGTERM, 20*time.Second) {
 					s.logf("%s did not stop within 20s of SIGTERM; killed", sl.name)
 				}
 			}
