@@ -257,7 +257,7 @@ func TestRunUsage(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("-h: exit %d, want 0", code)
 	}
-	for _, want := range []string{"-withhold-mode", "STUB_WITHHOLD_MODE", "SMS_API_KEY", "(default 0.25)"} {
+	for _, want := range []string{"-withhold-mode", "STUB_WITHHOLD_MODE", "SMS_API_KEY", "(env STUB_FAIL_RATE, set, default 0)"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("usage lacks %q:\n%s", want, stderr)
 		}

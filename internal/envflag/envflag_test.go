@@ -326,3 +326,55 @@ func TestFlagSet(t *testing.T) {
 		t.Error("FlagSet has no -workers")
 	}
 }
+
+// Settings lists what was bound, in binding order, with flags bound on the
+// FlagSet directly last; usage and the generated docs are built from it.
+func TestSettings(t *testing.T) {
+	t.Parallel()
+	s, _, out := setup(t, base("WORKERS", "16"))
+	var n int
+	s.FlagSet().IntVar(&n, "down", 0, "revert this many")
+	s.Intro("prog does things.\n\n  prog sub   a subcommand\n")
+	var names []string
+	for _, st := range s.Settings() {
+		names = append(names, st.Flag)
+	}
+	want := "database-url nats-url mode api-key workers ratio timeout verbose down"
+	if got := strings.Join(names, " "); got != want {
+		t.Fatalf("Settings order %q, want %q", got, want)
+	}
+	md := envflag.Markdown(s.Settings())
+	for _, row := range []string{
+		"| `API_KEY` or `API_KEY_FILE` | `-api-key` |  | provider API key (also API_KEY_FILE) |\n",
+		"| `WORKERS` | `-workers` | `8` | worker count |\n", // the built-in default, not the environment's
+		"|  | `-down` | `0` | revert this many |\n",
+	} {
+		if !strings.Contains(md, row) {
+			t.Errorf("markdown lacks %q:\n%s", row, md)
+		}
+	}
+	if err := s.Parse([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	if usage := out.String(); !strings.HasPrefix(usage, "prog does things.\n\n  prog sub   a subcommand\n\n") || !strings.Contains(usage, "-down  (default 0)") {
+		t.Errorf("usage:\n%s", usage)
+	}
+}
+
+func TestSections(t *testing.T) {
+	t.Parallel()
+	doc := "# Configuration\n\n" + envflag.SectionStart("relay") + "\nold table\n" + envflag.SectionEnd("relay") + "\n\ntext after\n"
+	if body, ok := envflag.Section(doc, "relay"); !ok || body != "old table\n" {
+		t.Fatalf("Section = %q, %v", body, ok)
+	}
+	out, ok := envflag.ReplaceSection(doc, "relay", "new table\n")
+	if !ok || out != strings.Replace(doc, "old table", "new table", 1) {
+		t.Fatalf("ReplaceSection = %q, %v", out, ok)
+	}
+	if _, ok := envflag.Section(doc, "sender"); ok {
+		t.Fatal("found a section that is not there")
+	}
+	if _, ok := envflag.ReplaceSection(doc, "sender", "x"); ok {
+		t.Fatal("replaced a section that is not there")
+	}
+}

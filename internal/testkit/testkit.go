@@ -9,11 +9,16 @@ package testkit
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/envflag"
 
 	"go.uber.org/goleak"
 )
@@ -78,4 +83,84 @@ func Main(m *testing.M, after ...func()) {
 		}
 	}
 	os.Exit(code)
+}
+
+// SettingsDoc checks that section name of the Markdown document at path
+// (docs/configuration.md) is the table of settings, generated from the
+// program's own flag definitions. With SENDONCE_UPDATE_DOCS=1 (make docs)
+// it rewrites the section instead.
+func SettingsDoc(t *testing.T, path, name string, settings []envflag.Setting) {
+	t.Helper()
+	want := envflag.Markdown(settings)
+	if os.Getenv("SENDONCE_UPDATE_DOCS") == "1" {
+		if err := updateSection(path, name, want); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := envflag.Section(string(doc), name)
+	if !ok {
+		t.Fatalf("%s has no section %q (a line %q, the table, then %q)", path, name, envflag.SectionStart(name), envflag.SectionEnd(name))
+	}
+	if got != want {
+		t.Fatalf("%s: the settings of %s differ from its flags%s\nregenerate the tables with: make docs", path, name, lineDiff(got, want))
+	}
+}
+
+// updateSection rewrites one section of the document at path, holding an
+// exclusive lock on the file so that test packages running side by side
+// do not lose each other's sections.
+func updateSection(path, name, body string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	doc, err := io.ReadAll(f)
+	if err != nil {
+		return err
+	}
+	out, ok := envflag.ReplaceSection(string(doc), name, body)
+	if !ok {
+		return fmt.Errorf("%s has no section %q (a line %q, the table, then %q)", path, name, envflag.SectionStart(name), envflag.SectionEnd(name))
+	}
+	if out == string(doc) {
+		return nil
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	_, err = f.WriteAt([]byte(out), 0)
+	return err
+}
+
+// lineDiff lists the lines only one side has.
+func lineDiff(got, want string) string {
+	in := func(s string) map[string]bool {
+		m := map[string]bool{}
+		for l := range strings.Lines(s) {
+			m[l] = true
+		}
+		return m
+	}
+	g, w := in(got), in(want)
+	var b strings.Builder
+	for l := range strings.Lines(got) {
+		if !w[l] {
+			b.WriteString("\n  documented, not a flag: " + strings.TrimSpace(l))
+		}
+	}
+	for l := range strings.Lines(want) {
+		if !g[l] {
+			b.WriteString("\n  a flag, not documented:  " + strings.TrimSpace(l))
+		}
+	}
+	return b.String()
 }
