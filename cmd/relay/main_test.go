@@ -65,6 +65,24 @@ func TestHelpListsEverySetting(t *testing.T) {
 			t.Errorf("-h does not list %s", env)
 		}
 	}
+	for _, c := range commands() {
+		if !strings.Contains(errOut.String(), "relay "+c.name+" ") {
+			t.Errorf("-h does not list the command %s:\n%s", c.name, errOut.String())
+		}
+	}
+	for _, name := range []string{"migrate", "dlq", "trace"} {
+		if !strings.Contains(errOut.String(), "relay "+name+" ") {
+			t.Errorf("-h does not list %s", name)
+		}
+	}
+}
+
+func TestUnknownCommandNamesTheCommands(t *testing.T) {
+	t.Parallel()
+	var out, errOut testkit.Buffer
+	if code := run(context.Background(), []string{"relay", "setpu"}, testkit.EnvMap(nil), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "migrate, dlq, trace") {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
 }
 
 func TestUnreachableDatabaseNamesTheSetting(t *testing.T) {
@@ -135,20 +153,11 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.WaitFor(t, 30*time.Second, "20 rows queued", func() bool {
 		var queued int
-		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'queued'`).Scan(&queued); err != nil {
-			t.Fatal(err)
-		}
-		if queued == 20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 20 rows queued; stderr: %s", queued, errOut.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		_ = conn.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'queued'`).Scan(&queued)
+		return queued == 20
+	})
 	cancel()
 	select {
 	case code := <-done:

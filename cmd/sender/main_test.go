@@ -16,6 +16,7 @@ import (
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -113,16 +114,10 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 	defer pool.Close()
 	// The sender creates the topology; wait for the stream before relaying.
 	_, js := srv.Connect(t)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := js.Stream(context.Background(), "SMS"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sender did not create the stream: %s", errOut.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 30*time.Second, "the sender to create the stream", func() bool {
+		_, err := js.Stream(context.Background(), streams.Stream)
+		return err == nil
+	})
 	r, err := relay.New(relay.Config{Pool: pool, JetStream: js, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -143,19 +138,11 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
+	testkit.WaitFor(t, 30*time.Second, "50 rows sent", func() bool {
 		var sent int
-		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'sent'`).Scan(&sent); err != nil {
-			t.Fatal(err)
-		}
-		if sent == 50 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 50 sent; stderr: %s", sent, errOut.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'sent'`).Scan(&sent)
+		return sent == 50
+	})
 	cancel()
 	select {
 	case code := <-done:

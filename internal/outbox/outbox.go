@@ -11,6 +11,7 @@ package outbox
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -51,6 +52,10 @@ func Unsent(maybeAccepted bool, reason string) (State, string) {
 	}
 	return StatusDead, reason
 }
+
+// DefaultDBTimeout is the default bound on one database round trip of the
+// statements here, for every component that runs them (DB_TIMEOUT).
+const DefaultDBTimeout = 10 * time.Second
 
 // Querier is what the statements here need: a *pgxpool.Pool, a *pgx.Conn or
 // a pgx.Tx.
