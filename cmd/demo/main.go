@@ -11,8 +11,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -55,9 +53,7 @@ type config struct {
 	keepLogs     bool
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	var c config
-	s := envflag.New("demo", getenv, stderr)
+func bind(s *envflag.Set, c *config) {
 	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_demo?sslmode=disable", "Postgres database for the demo (created if missing)")
 	s.String(&c.natsURL, "nats-url", "NATS_URL", "", "NATS server; empty runs an embedded one with JetStream")
 	s.String(&c.binDir, "bin", "DEMO_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
@@ -69,12 +65,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", time.Second, 10*time.Millisecond, time.Minute, "senders' bound on one provider attempt")
 	s.Duration(&c.timeout, "timeout", "DEMO_TIMEOUT", 5*time.Minute, time.Second, 24*time.Hour, "give up if the messages are not finished by then")
 	s.Bool(&c.keepLogs, "keep-logs", "DEMO_KEEP_LOGS", false, "keep the processes' log directory")
-	if err := s.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "demo: configuration: %v\n", err)
-		return 2
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var c config
+	s := envflag.New("demo", getenv, stderr)
+	bind(s, &c)
+	if code, stop := s.Command(args[1:]); stop {
+		return code
 	}
 	d := &demo{cfg: c, out: stdout}
 	err := d.run(ctx)

@@ -19,7 +19,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -83,15 +82,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var opts options
 	fs := envflag.New("smsstub", getenv, stderr)
 	bind(fs, &opts)
-	err := fs.Parse(args[1:])
-	if err == nil && fs.FlagSet().NArg() > 0 {
-		err = fmt.Errorf("unexpected argument %q", fs.FlagSet().Arg(0))
+	if code, stop := fs.Command(args[1:]); stop {
+		return code
 	}
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	case err != nil:
-		fmt.Fprintf(stderr, "smsstub: configuration: %v\n", err)
+	if fs.FlagSet().NArg() > 0 {
+		fmt.Fprintf(stderr, "smsstub: unexpected argument %q\n", fs.FlagSet().Arg(0))
 		return 2
 	}
 	opts.cfg.Seed = int64(opts.seed)

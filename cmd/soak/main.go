@@ -72,9 +72,7 @@ type config struct {
 // maxRows bounds -rows: phone numbers are +1555 and 7 digits of the row index.
 const maxRows = 1_000_000
 
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
-	var c config
-	s := envflag.New("soak", getenv, stderr)
+func bind(s *envflag.Set, c *config) {
 	s.Int(&c.rows, "rows", "SOAK_ROWS", 100_000, 1, maxRows, "rows to push through the pipeline")
 	s.Int(&c.seed, "seed", "SOAK_SEED", 0, 0, math.MaxInt, "seed of the fault schedule; 0 picks one (printed at start)")
 	s.String(&c.binDir, "bin", "SOAK_BIN", "bin/crash", "directory holding the relay, sender and smsstub binaries, built with -tags "+crashpoint.Tag)
@@ -102,6 +100,12 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		}
 		return nil
 	})
+}
+
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	var c config
+	s := envflag.New("soak", getenv, stderr)
+	bind(s, &c)
 	err := s.Parse(args)
 	if err == nil && c.loadDuration == 0 {
 		c.loadDuration = autoLoadDuration(c.rows)

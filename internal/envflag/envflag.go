@@ -31,6 +31,8 @@ type Set struct {
 	secret  map[string]bool
 	order   []string // flags bound with a variable, in binding order
 	intro   string
+	name    string
+	output  io.Writer
 }
 
 // Setting describes one setting, for usage and for the generated
@@ -54,7 +56,8 @@ type Setting struct {
 func New(name string, getenv func(string) string, output io.Writer) *Set {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(output)
-	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}, builtin: map[string]string{}, secret: map[string]bool{}}
+	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}, builtin: map[string]string{}, secret: map[string]bool{},
+		name: name, output: output}
 	fs.Usage = func() {
 		if s.intro != "" {
 			fmt.Fprintln(output, strings.TrimRight(s.intro, "\n"))
@@ -277,4 +280,20 @@ func (s *Set) Parse(args []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Command parses args as Parse does, the way a program's main wants it:
+// stop reports that the program must end now with exit status exit, 0
+// after -h and 2 after a bad setting, which it prints to the Set's output
+// as "<name>: configuration: <error>".
+func (s *Set) Command(args []string) (exit int, stop bool) {
+	err := s.Parse(args)
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		return 0, true
+	}
+	fmt.Fprintf(s.output, "%s: configuration: %v\n", s.name, err)
+	return 2, true
 }

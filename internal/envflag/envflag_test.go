@@ -378,3 +378,19 @@ func TestSections(t *testing.T) {
 		t.Fatal("replaced a section that is not there")
 	}
 }
+
+func TestCommand(t *testing.T) {
+	t.Parallel()
+	s, _, out := setup(t, base())
+	if code, stop := s.Command(nil); stop || code != 0 {
+		t.Fatalf("good settings: exit %d, stop %v", code, stop)
+	}
+	s, _, out = setup(t, base())
+	if code, stop := s.Command([]string{"-h"}); !stop || code != 0 {
+		t.Fatalf("-h: exit %d, stop %v", code, stop)
+	}
+	s, _, out = setup(t, base("WORKERS", "0"))
+	if code, stop := s.Command(nil); !stop || code != 2 || !strings.Contains(out.String(), "prog: configuration: -workers / WORKERS = 0") {
+		t.Fatalf("bad setting: exit %d, stop %v, output %q", code, stop, out)
+	}
+}

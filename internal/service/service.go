@@ -8,8 +8,6 @@ package service
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -74,12 +72,8 @@ func Bind(s *envflag.Set, c *Settings, httpAddr string) {
 // program must stop instead (-h, or a bad setting, reported on stderr), it
 // returns a nil logger and the exit code.
 func Parse(name string, s *envflag.Set, args []string, c *Settings, stderr io.Writer) (*slog.Logger, int) {
-	if err := s.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0
-		}
-		fmt.Fprintf(stderr, "%s: configuration: %v\n", name, err)
-		return nil, 2
+	if code, stop := s.Command(args); stop {
+		return nil, code
 	}
 	root, err := telemetry.NewLogger(stderr, c.LogFormat, c.LogLevel)
 	if err != nil {
