@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 CMDS    := relay sender smsstub demo soak bench
 
-.PHONY: build crash-build demo soak bench test vet clean fuzz
+.PHONY: build crash-build demo soak bench test docs vet clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
@@ -27,6 +27,11 @@ bench: build
 
 test:
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+# docs: regenerate the settings tables of docs/configuration.md from the
+# programs' flag definitions (go test fails while they differ).
+docs:
+	SENDONCE_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestSettingsDoc$$' ./cmd/...
 
 vet:
 	$(GO) vet ./...

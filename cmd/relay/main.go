@@ -132,14 +132,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // runMigrate is "relay migrate": it needs only the database.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, _, stderr io.Writer) int {
 	var c service.Settings
+	var down int
 	s := envflag.New("relay migrate", getenv, stderr)
-	s.Intro("relay migrate applies the embedded migrations (creating the database if it is missing; safe when several run at once), then exits.")
-	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.DatabaseURL, "database-url")
-	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
-	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
-	down := 0
-	s.FlagSet().IntVar(&down, "down", 0, "revert this many migrations instead of applying")
+	bindMigrate(s, &c, &down)
 	root, code := service.Parse("relay migrate", s, args, &c, stderr)
 	if root == nil {
 		return code
@@ -150,6 +145,15 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		return 1
 	}
 	return 0
+}
+
+func bindMigrate(s *envflag.Set, c *service.Settings, down *int) {
+	s.Intro("relay migrate applies the embedded migrations (creating the database if it is missing; safe when several run at once), then exits.")
+	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
+	s.Required(&c.DatabaseURL, "database-url")
+	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
+	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
+	s.FlagSet().IntVar(down, "down", 0, "revert this many migrations instead of applying")
 }
 
 func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logger) error {

@@ -66,6 +66,9 @@ func New(name string, getenv func(string) string, output io.Writer) *Set {
 		fmt.Fprintf(output, "Settings of %s (flags override environment variables):\n", name)
 		for _, st := range s.Settings() {
 			env, def := st.Env, st.Default
+			if st.Secret {
+				st.Usage += fileNote(st.Env)
+			}
 			if def == "" {
 				def = `""`
 			}
@@ -92,7 +95,11 @@ func (s *Set) Settings() []Setting {
 	var out []Setting
 	for _, name := range s.order {
 		f := s.fs.Lookup(name)
-		out = append(out, Setting{Flag: name, Env: s.byFlag[name], Default: s.builtin[name], Usage: f.Usage, Secret: s.secret[name]})
+		st := Setting{Flag: name, Env: s.byFlag[name], Default: s.builtin[name], Usage: f.Usage, Secret: s.secret[name]}
+		if st.Secret {
+			st.Usage = strings.TrimSuffix(st.Usage, fileNote(st.Env))
+		}
+		out = append(out, st)
 	}
 	s.fs.VisitAll(func(f *flag.Flag) {
 		if _, bound := s.byFlag[f.Name]; !bound {
@@ -110,9 +117,25 @@ func (s *Set) env(name, env string, def any) (string, bool) {
 		s.order = append(s.order, name)
 	}
 	s.byFlag[name] = env
-	s.builtin[name] = fmt.Sprint(def)
+	s.builtin[name] = format(def)
 	v := s.getenv(env)
 	return v, v != ""
+}
+
+// format writes a default as a user would type it: durations without
+// their zero tails ("2m", not "2m0s").
+func format(def any) string {
+	if d, ok := def.(time.Duration); ok {
+		t := d.String()
+		if strings.HasSuffix(t, "m0s") {
+			t = strings.TrimSuffix(t, "0s")
+		}
+		if strings.HasSuffix(t, "h0m") {
+			t = strings.TrimSuffix(t, "0m")
+		}
+		return t
+	}
+	return fmt.Sprint(def)
 }
 
 func (s *Set) fail(env string, raw string, err error) {
@@ -143,8 +166,11 @@ func (s *Set) Secret(p *string, name, env, usage string) {
 		}
 	}
 	*p = v
-	s.fs.Func(name, usage+" (also "+env+"_FILE)", func(x string) error { *p = x; return nil })
+	s.fs.Func(name, usage+fileNote(env), func(x string) error { *p = x; return nil })
 }
+
+// fileNote is what a secret's usage says of its file variable.
+func fileNote(env string) string { return " (also " + env + "_FILE)" }
 
 // Int binds an integer setting within [lo, hi].
 func (s *Set) Int(p *int, name, env string, def, lo, hi int, usage string) {

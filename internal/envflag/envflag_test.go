@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -345,7 +346,7 @@ func TestSettings(t *testing.T) {
 	}
 	md := envflag.Markdown(s.Settings())
 	for _, row := range []string{
-		"| `API_KEY` or `API_KEY_FILE` | `-api-key` |  | provider API key (also API_KEY_FILE) |\n",
+		"| `API_KEY` or `API_KEY_FILE` | `-api-key` |  | provider API key |\n",
 		"| `WORKERS` | `-workers` | `8` | worker count |\n", // the built-in default, not the environment's
 		"|  | `-down` | `0` | revert this many |\n",
 	} {
@@ -392,5 +393,25 @@ func TestCommand(t *testing.T) {
 	s, _, out = setup(t, base("WORKERS", "0"))
 	if code, stop := s.Command(nil); !stop || code != 2 || !strings.Contains(out.String(), "prog: configuration: -workers / WORKERS = 0") {
 		t.Fatalf("bad setting: exit %d, stop %v, output %q", code, stop, out)
+	}
+}
+
+func TestDurationDefaultsAsTyped(t *testing.T) {
+	t.Parallel()
+	s := envflag.New("prog", testkit.EnvMap(nil), io.Discard)
+	var a, b, c, d time.Duration
+	s.Duration(&a, "a", "A", 2*time.Minute, 0, time.Hour, "")
+	s.Duration(&b, "b", "B", 168*time.Hour, 0, 1000*time.Hour, "")
+	s.Duration(&c, "c", "C", 90*time.Second, 0, time.Hour, "")
+	s.Duration(&d, "d", "D", 500*time.Millisecond, 0, time.Hour, "")
+	var got []string
+	for _, st := range s.Settings() {
+		got = append(got, st.Default)
+	}
+	if strings.Join(got, " ") != "2m 168h 1m30s 500ms" {
+		t.Fatalf("defaults %q", got)
+	}
+	if err := s.Parse([]string{"-a", got[0], "-b", got[1]}); err != nil || a != 2*time.Minute || b != 168*time.Hour {
+		t.Fatalf("the printed defaults do not parse back: %v", err)
 	}
 }
