@@ -54,3 +54,6 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 		}
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "demo", bind) }

@@ -15,32 +15,25 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/telemetry"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { proc.Main(run) }
 
 // command is a subcommand of relay: "relay NAME ARGS".
 type command struct {
 	name, args, what string
-	run              func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int
+	run              proc.Command
 }
 
 // commands are relay's subcommands, in the order "relay -h" lists them.
@@ -53,7 +46,7 @@ func commands() []command {
 }
 
 // opsCommand runs an operator command of ops.go.
-func opsCommand(name string) func(context.Context, []string, func(string) string, io.Writer, io.Writer) int {
+func opsCommand(name string) proc.Command {
 	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 		return runOps(ctx, name, args, getenv, stdout, stderr)
 	}
@@ -131,29 +124,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // runMigrate is "relay migrate": it needs only the database.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, _, stderr io.Writer) int {
-	var c service.Settings
-	var down int
+	var c migrateConfig
 	s := envflag.New("relay migrate", getenv, stderr)
-	bindMigrate(s, &c, &down)
-	root, code := service.Parse("relay migrate", s, args, &c, stderr)
+	bindMigrate(s, &c)
+	root, code := service.Parse("relay migrate", s, args, &c.Settings, stderr)
 	if root == nil {
 		return code
 	}
 	log := root.With("component", "relay")
-	if err := migrateDB(ctx, c.DatabaseURL, down, log); err != nil {
+	if err := migrateDB(ctx, c.DatabaseURL, c.down, log); err != nil {
 		log.Error("migrate failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func bindMigrate(s *envflag.Set, c *service.Settings, down *int) {
+// migrateConfig is what relay migrate needs: the database, the logs.
+type migrateConfig struct {
+	service.Settings
+	down int
+}
+
+func bindMigrate(s *envflag.Set, c *migrateConfig) {
 	s.Intro("relay migrate applies the embedded migrations (creating the database if it is missing; safe when several run at once), then exits.")
 	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
 	s.Required(&c.DatabaseURL, "database-url")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
-	s.FlagSet().IntVar(down, "down", 0, "revert this many migrations instead of applying")
+	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying")
 }
 
 func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logger) error {

@@ -171,3 +171,9 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 		t.Fatal("the relay logged a phone number or a body")
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) {
+	testkit.SettingsDoc(t, "relay", bind)
+	testkit.SettingsDoc(t, "relay migrate", bindMigrate)
+}

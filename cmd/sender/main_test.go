@@ -164,3 +164,6 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 		}
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "sender", bind) }

@@ -380,3 +380,6 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 }
 
 func TestMain(m *testing.M) { testkit.Main(m) }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "smsstub", bind) }

@@ -110,3 +110,6 @@ func TestLetteredRows(t *testing.T) {
 		t.Fatalf("lettered rows = %v, %v; want only %s", got, err, id)
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "soak", bind) }

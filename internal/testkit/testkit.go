@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -85,13 +86,15 @@ func Main(m *testing.M, after ...func()) {
 	os.Exit(code)
 }
 
-// SettingsDoc checks that section name of the Markdown document at path
-// (docs/configuration.md) is the table of settings, generated from the
-// program's own flag definitions. With SENDONCE_UPDATE_DOCS=1 (make docs)
-// it rewrites the section instead.
-func SettingsDoc(t *testing.T, path, name string, settings []envflag.Setting) {
+// SettingsDoc checks that the section name of docs/configuration.md is
+// the table of the settings bind binds: a program's own flag definitions.
+// With SENDONCE_UPDATE_DOCS=1 (make docs) it rewrites the section instead.
+func SettingsDoc[C any](t *testing.T, name string, bind func(*envflag.Set, *C)) {
 	t.Helper()
-	want := envflag.Markdown(settings)
+	s := envflag.New(name, EnvMap(nil), io.Discard)
+	bind(s, new(C))
+	path := filepath.Join(repoRoot(t), "docs", "configuration.md")
+	want := envflag.Markdown(s.Settings())
 	if os.Getenv("SENDONCE_UPDATE_DOCS") == "1" {
 		if err := updateSection(path, name, want); err != nil {
 			t.Fatal(err)
@@ -104,10 +107,29 @@ func SettingsDoc(t *testing.T, path, name string, settings []envflag.Setting) {
 	}
 	got, ok := envflag.Section(string(doc), name)
 	if !ok {
-		t.Fatalf("%s has no section %q (a line %q, the table, then %q)", path, name, envflag.SectionStart(name), envflag.SectionEnd(name))
+		t.Fatalf("docs/configuration.md has no section %q (a line %q, the table, then %q)", name, envflag.SectionStart(name), envflag.SectionEnd(name))
 	}
 	if got != want {
-		t.Fatalf("%s: the settings of %s differ from its flags%s\nregenerate the tables with: make docs", path, name, lineDiff(got, want))
+		t.Fatalf("docs/configuration.md: the settings of %s differ from its flags%s\nregenerate the tables with: make docs", name, lineDiff(got, want))
+	}
+}
+
+// repoRoot is the directory of the go.mod above the test's directory.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
 	}
 }
 
