@@ -62,7 +62,7 @@ const MaxBodyChars = 1600
 var e164RE = regexp.MustCompile(`^\+[1-9][0-9]{1,14}$`)
 
 // ErrInvalid is matched by errors.Is for every *ValidationError.
-var ErrInvalid = errors.New("invalid outbox message")
+var ErrInvalid = errors.New("outbox: invalid message")
 
 // ErrNotFound is returned by Status and StatusSQL for an id that has no
 // row: it was never committed, or it finished long enough ago to be purged.
