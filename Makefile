@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 CMDS    := relay sender smsstub demo soak bench
 
-.PHONY: build demo soak bench test vet clean
+.PHONY: build crash-build demo soak bench test docs vet clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
@@ -11,16 +11,27 @@ build:
 demo: build
 	./$(BIN)/demo
 
+# The relay, sender and stub with their crash points compiled in, for the
+# soak only: a default build ignores SENDONCE_CRASHPOINTS.
+CRASH_BIN := $(BIN)/crash
+crash-build:
+	$(GO) build -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub
+
 # soak: rows through 2 relays and 3 senders under random faults; SOAK_ROWS
 # (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it.
-soak: build
-	./$(BIN)/soak $(SOAK_ARGS)
+soak: build crash-build
+	./$(BIN)/soak -bin $(CRASH_BIN) $(SOAK_ARGS)
 
 bench: build
 	./$(BIN)/bench
 
 test:
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+# docs: regenerate the settings tables of docs/configuration.md from the
+# programs' flag definitions (go test fails while they differ).
+docs:
+	SENDONCE_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestSettingsDoc$$' ./cmd/...
 
 vet:
 	$(GO) vet ./...

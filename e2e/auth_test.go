@@ -14,10 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 // The permission sets a deployment gives each component: exactly the
@@ -70,14 +71,8 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 
 	// Wrong credentials: fast failure naming the settings to check.
 	bad := startProcess(t, "relay", append(base, "NATS_USER=relay", "NATS_PASSWORD=wrong"))
-	select {
-	case err := <-bad.done:
-		bad.done <- err
-		if err == nil || !strings.Contains(bad.logs.String(), "NATS_USER/NATS_PASSWORD") {
-			t.Fatalf("wrong password: exit %v, logs %s", err, bad.logs.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("a relay with a wrong password did not stop")
+	if err := bad.waitExit(t, 30*time.Second); err == nil || !strings.Contains(bad.logs.String(), "NATS_USER/NATS_PASSWORD") {
+		t.Fatalf("wrong password: exit %v, logs %s", err, bad.logs.String())
 	}
 
 	startProcess(t, "relay", append(base, "NATS_USER=relay", "NATS_PASSWORD=relay-pw-1"))
@@ -85,7 +80,7 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		_, js := srv.Connect(t, nats.UserInfo("relay", "relay-pw-1"))
 		return js
 	}()
-	waitFor(t, 30*time.Second, "the relay to create the streams", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the relay to create the streams", func() bool {
 		_, err := admin.Consumer(context.Background(), streams.Stream, streams.Consumer)
 		return err == nil
 	})
@@ -117,7 +112,7 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		}
 		_ = nc.Publish(c.subject, []byte("{}"))
 		_ = nc.Flush()
-		waitFor(t, 10*time.Second, "a permissions violation for "+c.user+" on "+c.subject, func() bool {
+		testkit.WaitFor(t, 10*time.Second, "a permissions violation for "+c.user+" on "+c.subject, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return got != nil && errors.Is(got, nats.ErrPermissionViolation)

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,12 +23,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/toxictest"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 // processEnv is the environment of a relay or sender subprocess on e.
@@ -49,15 +52,9 @@ func TestChaosRelayKilledAfterPubAck(t *testing.T) {
 	e := setup(t, envOptions{})
 	e.auditStatuses()
 	ids := e.insert(500)
-	crashing := startProcess(t, "relay", e.processEnv(e.dbURL(), "SENDONCE_CRASHPOINTS=relay.after_puback=1", "RELAY_BATCH_SIZE=200"))
-	select {
-	case err := <-crashing.done:
-		crashing.done <- err
-		if err == nil || !strings.Contains(err.Error(), "killed") {
-			t.Fatalf("relay exit: %v, want killed", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the relay did not reach its crash point")
+	crashing := startProcess(t, "relay", e.processEnv(e.dbURL(), crashpoint.Env+"="+crashpoint.RelayAfterPubAck+"=1", "RELAY_BATCH_SIZE=200"))
+	if err := crashing.waitExit(t, 60*time.Second); !crashing.KilledBy(syscall.SIGKILL) {
+		t.Fatalf("relay exit: %v, want killed at its crash point", err)
 	}
 	// The crashing batch's 200 rows were all acknowledged before the kill; the
 	// relay's other worker may have published some of its own batch too.
@@ -107,7 +104,7 @@ func TestChaosRepublishAfterDedupWindow(t *testing.T) {
 	}
 	time.Sleep(5 * time.Second) // the stall: longer than the Duplicates window
 	e.startRelay(relay.Config{})
-	waitFor(t, 30*time.Second, "the republication", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the republication", func() bool {
 		for _, n := range e.streamCounts() {
 			if n != 2 {
 				return false
@@ -142,15 +139,9 @@ func TestChaosSenderKilledAfterAccept(t *testing.T) {
 				flag = "SMS_API_IDEMPOTENT=false"
 			}
 			extra := []string{flag, "SENDER_LEASE=2s", "SENDER_CONCURRENCY=4"}
-			dying := startProcess(t, "sender", e.processEnv(e.dbURL(), append(extra, "SENDONCE_CRASHPOINTS=sender.after_accept=5")...))
-			select {
-			case err := <-dying.done:
-				dying.done <- err
-				if err == nil || !strings.Contains(err.Error(), "killed") {
-					t.Fatalf("sender exit: %v, want killed", err)
-				}
-			case <-time.After(60 * time.Second):
-				t.Fatal("the sender did not reach its crash point")
+			dying := startProcess(t, "sender", e.processEnv(e.dbURL(), append(extra, crashpoint.Env+"="+crashpoint.SenderAfterAccept+"=5")...))
+			if err := dying.waitExit(t, 60*time.Second); !dying.KilledBy(syscall.SIGKILL) {
+				t.Fatalf("sender exit: %v, want killed at its crash point", err)
 			}
 			startProcess(t, "sender", e.processEnv(e.dbURL(), extra...))
 			rows := e.checkInvariants(ids, 2*time.Minute)
@@ -196,7 +187,7 @@ func TestChaosLostResponses(t *testing.T) {
 			e.startSender(senderOptions{baseURL: proxy.URL(), timeout: 300 * time.Millisecond})
 			ids := e.insert(10)
 			e.setBudget(ids, 100)
-			waitFor(t, 30*time.Second, "every message accepted and retried", func() bool {
+			testkit.WaitFor(t, 30*time.Second, "every message accepted and retried", func() bool {
 				d := e.stub.Deliveries()
 				for _, id := range ids {
 					if d[id.String()].Deliveries != 1 || e.row(id).attempts < 2 {
@@ -229,10 +220,10 @@ func TestChaosOneMessageTwoSenders(t *testing.T) {
 	e.startRelay(relay.Config{})
 	startSenderVia(t, e, "nats://"+natsProxy.Addr(), 10*time.Second)
 	ids := e.insert(1)
-	waitFor(t, 30*time.Second, "sender A to call the provider", func() bool { return e.stub.Stats().Requests == 1 })
+	testkit.WaitFor(t, 30*time.Second, "sender A to call the provider", func() bool { return e.stub.Stats().Requests == 1 })
 	natsProxy.Disable() // A's InProgress heartbeats are lost from here on
 	e.startSender(senderOptions{timeout: 10 * time.Second})
-	waitFor(t, 30*time.Second, "A's attempt to finish", func() bool { return e.row(ids[0]).status == outbox.StatusSent })
+	testkit.WaitFor(t, 30*time.Second, "A's attempt to finish", func() bool { return e.row(ids[0]).status == outbox.StatusSent })
 	natsProxy.Enable()
 	e.checkInvariants(ids, time.Minute)
 	if n := e.stub.Stats().Requests; n != 1 {

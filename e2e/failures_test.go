@@ -20,6 +20,7 @@ import (
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -95,8 +96,8 @@ func TestResetAfterAcceptIsSentOnce(t *testing.T) {
 	e.startSender(senderOptions{baseURL: proxy.URL(), timeout: 2 * time.Second})
 	ids := e.insert(1)
 	e.setBudget(ids, 100)
-	waitFor(t, 30*time.Second, "the provider to accept", func() bool { return e.stub.Deliveries()[ids[0].String()].Deliveries == 1 })
-	waitFor(t, 30*time.Second, "a retry after the reset", func() bool { return e.row(ids[0]).attempts >= 2 })
+	testkit.WaitFor(t, 30*time.Second, "the provider to accept", func() bool { return e.stub.Deliveries()[ids[0].String()].Deliveries == 1 })
+	testkit.WaitFor(t, 30*time.Second, "a retry after the reset", func() bool { return e.row(ids[0]).attempts >= 2 })
 	proxy.Remove("reset")
 	rows := e.waitTerminal(ids, 30*time.Second)
 	if r := rows[ids[0]]; r.status != outbox.StatusSent {
@@ -121,7 +122,7 @@ func TestLostResponseAtNonIdempotentProviderEndsUnknown(t *testing.T) {
 		t.Fatalf("row = %+v, want unknown after one attempt", r)
 	}
 	// The proxy may hand the request on after the sender gave up on it.
-	waitFor(t, 30*time.Second, "the request at the provider", func() bool { return e.stub.Deliveries()[ids[0].String()].Requests >= 1 })
+	testkit.WaitFor(t, 30*time.Second, "the request at the provider", func() bool { return e.stub.Deliveries()[ids[0].String()].Requests >= 1 })
 	if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 {
 		t.Fatalf("provider got %d requests, want 1", d.Requests)
 	}
@@ -224,7 +225,7 @@ func TestAttemptsAreLogged(t *testing.T) {
 	e.setBudget(ids, 100)
 	// Counted at the stub, where the fault is drawn: the row's count rises
 	// at the claim, before the call.
-	waitFor(t, 30*time.Second, "two failed attempts", func() bool { return e.stub.Deliveries()[ids[0].String()].Requests >= 2 })
+	testkit.WaitFor(t, 30*time.Second, "two failed attempts", func() bool { return e.stub.Deliveries()[ids[0].String()].Requests >= 2 })
 	if err := e.stub.SetFaults(smsstub.Faults{}); err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +355,7 @@ func TestTwilioAdapter(t *testing.T) {
 	tw.status.Store(429)
 	tw.code.Store(20429)
 	limited := e.insert(1)
-	waitFor(t, 30*time.Second, "a retry after 429", func() bool { return e.row(limited[0]).attempts >= 2 })
+	testkit.WaitFor(t, 30*time.Second, "a retry after 429", func() bool { return e.row(limited[0]).attempts >= 2 })
 	tw.status.Store(0)
 	if r := e.waitTerminal(limited, time.Minute)[limited[0]]; r.status != outbox.StatusSent {
 		t.Errorf("after 429s: %+v, want sent", r)

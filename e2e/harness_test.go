@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/relay"
@@ -29,6 +28,7 @@ import (
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/toxictest"
 	"github.com/sendonce/sendonce/internal/wire"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 const testAPIKey = "test-api-key-3f9a1c"
@@ -263,17 +263,6 @@ func (e *env) waitTerminal(ids []uuid.UUID, d time.Duration) map[uuid.UUID]row {
 			e.t.Fatalf("%d of %d rows not terminal after %s", open, len(ids), d)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

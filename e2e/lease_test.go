@@ -11,11 +11,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 // crashedAfterAccept inserts one row that a sender was calling when it
@@ -133,7 +134,7 @@ func TestConcurrentDeliveryBacksOff(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e.startSender(senderOptions{timeout: 1500 * time.Millisecond, cfg: sender.Config{Lease: lease, Registerer: reg}})
 	// While the lease lives the provider is never called.
-	waitFor(t, 30*time.Second, "the delivery to back off", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the delivery to back off", func() bool {
 		return counterValue(t, reg, "sendonce_sender_lease_backoffs_total") >= 1
 	})
 	if n := e.stub.Stats().Requests; n != 0 {
@@ -146,7 +147,7 @@ func TestConcurrentDeliveryBacksOff(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sent', provider_ref = 'msg_other' WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the backed-off delivery to be acked", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the backed-off delivery to be acked", func() bool {
 		c, err := e.js.Consumer(ctx, streams.Stream, streams.Consumer)
 		if err != nil {
 			return false

@@ -16,6 +16,7 @@ import (
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/toxictest"
 	"github.com/sendonce/sendonce/internal/wire"
 )
@@ -112,7 +113,7 @@ func TestLostClaimAnswerIsNotUnknown(t *testing.T) {
 	via, proxy := e.viaPostgresProxy()
 	e.startRelay(relay.Config{}) // the relay is not under test: direct
 	ids := e.insert(20)
-	waitFor(t, time.Minute, "the rows to be queued", func() bool {
+	testkit.WaitFor(t, time.Minute, "the rows to be queued", func() bool {
 		var n int
 		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE status = 'queued'`).Scan(&n)
 		return err == nil && n == len(ids)
@@ -128,7 +129,7 @@ func TestLostClaimAnswerIsNotUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	via.startSender(senderOptions{idempotent: &notIdempotent, cfg: sender.Config{DBTimeout: 2 * time.Second, ShutdownTimeout: time.Minute}})
-	waitFor(t, time.Minute, "the sender's claim to wait for the rows", func() bool {
+	testkit.WaitFor(t, time.Minute, "the sender's claim to wait for the rows", func() bool {
 		var n int
 		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_id%'`).Scan(&n)
@@ -138,7 +139,7 @@ func TestLostClaimAnswerIsNotUnknown(t *testing.T) {
 	if err := lock.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the claim to commit without an answer", func() bool {
+	testkit.WaitFor(t, time.Minute, "the claim to commit without an answer", func() bool {
 		var n int
 		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE status = 'sending' AND claim_id IS NOT NULL`).Scan(&n)
 		return err == nil && n > 0
@@ -205,7 +206,7 @@ func TestInvalidMessagesWaitForTheDeadLetterStream(t *testing.T) {
 	}
 	time.Sleep(90 * time.Second)
 	e.nats.EnsureTopology(t)
-	waitFor(t, time.Minute, "the invalid messages' dead letters", func() bool {
+	testkit.WaitFor(t, time.Minute, "the invalid messages' dead letters", func() bool {
 		return len(e.deadLetters()) == n
 	})
 	for _, m := range e.deadLetters() {
@@ -217,7 +218,7 @@ func TestInvalidMessagesWaitForTheDeadLetterStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the invalid messages to be terminated", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the invalid messages to be terminated", func() bool {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
 	})

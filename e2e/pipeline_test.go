@@ -10,11 +10,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 // 1,000 rows through the real relay and two senders: every row sent, one
@@ -57,10 +58,10 @@ func TestLostResponseAfterAcceptIsSentOnce(t *testing.T) {
 	e.setBudget(ids, 100)
 	key := ids[0].String()
 
-	waitFor(t, 30*time.Second, "the provider to accept the message", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the provider to accept the message", func() bool {
 		return e.stub.Deliveries()[key].Deliveries == 1
 	})
-	waitFor(t, 30*time.Second, "the sender to retry after the lost response", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the sender to retry after the lost response", func() bool {
 		return e.row(ids[0]).attempts >= 2
 	})
 	proxy.Remove("lose_responses")
@@ -131,7 +132,7 @@ func TestLateRepublishIsSkipped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "the late copies to be acked", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the late copies to be acked", func() bool {
 		c, err := e.js.Consumer(ctx, streams.Stream, streams.Consumer)
 		if err != nil {
 			return false
@@ -171,7 +172,7 @@ func TestForeignMessagesAreDeadLettered(t *testing.T) {
 	ids := e.insert(10)
 	rows := e.waitTerminal(ids, time.Minute)
 	e.checkOnce(ids, rows)
-	waitFor(t, 30*time.Second, "4 dead letters", func() bool { return len(e.deadLetters()) == len(bad) })
+	testkit.WaitFor(t, 30*time.Second, "4 dead letters", func() bool { return len(e.deadLetters()) == len(bad) })
 	for _, dl := range e.deadLetters() {
 		if dl.Header.Get(wire.HeaderReason) != wire.ReasonInvalid {
 			t.Errorf("dead letter reason %q, want invalid", dl.Header.Get(wire.HeaderReason))
@@ -228,7 +229,7 @@ func TestRetryableFailuresRecover(t *testing.T) {
 	// counts the request: a row's attempt_count rises when a sender claims
 	// it, before the call, so "attempts >= 2" can still have its second
 	// call ahead of it and land after the faults are cleared.
-	waitFor(t, 30*time.Second, "every row to fail at least twice", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every row to fail at least twice", func() bool {
 		got := e.stub.Deliveries()
 		for _, id := range ids {
 			if got[id.String()].Requests < 2 {

@@ -1,23 +1,23 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 var (
@@ -25,14 +25,14 @@ var (
 	buildErr error
 )
 
-// build builds relay, sender and smsstub (with -race) for the package's
-// subprocess tests.
+// build builds relay, sender and smsstub (with -race, and with the crash
+// points compiled in) for the package's subprocess tests.
 func build() {
 	binDir, buildErr = os.MkdirTemp("", "sendonce-e2e-bin-")
 	if buildErr != nil {
 		return
 	}
-	cmd := exec.Command("go", "build", "-race", "-o", binDir+"/", "../cmd/relay", "../cmd/sender", "../cmd/smsstub")
+	cmd := exec.Command("go", "build", "-race", "-tags", crashpoint.Tag, "-o", binDir+"/", "../cmd/relay", "../cmd/sender", "../cmd/smsstub")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 	}
@@ -59,58 +59,22 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// process is a running binary with its stderr captured.
+// process is a running binary with its output captured.
 type process struct {
-	name string
-	cmd  *exec.Cmd
-	logs *lockedBuffer
-	done chan error
-	out  chan string // stdout lines
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	*proc.Process
+	logs *testkit.Buffer
 }
 
 func startProcess(t *testing.T, name string, env []string, args ...string) *process {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binaries(t), name), args...)
-	cmd.Env = append(os.Environ(), env...)
-	p := &process{name: name, cmd: cmd, logs: &lockedBuffer{}, done: make(chan error, 1), out: make(chan string, 16)}
-	cmd.Stderr = p.logs
-	stdout, err := cmd.StdoutPipe()
+	p := &process{logs: &testkit.Buffer{}}
+	var err error
+	p.Process, err = proc.Start(proc.Spec{Name: name, Path: filepath.Join(binaries(t), name), Args: args, Env: env, Log: p.logs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			select {
-			case p.out <- sc.Text():
-			default:
-			}
-		}
-	}()
-	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
+		p.Stop(syscall.SIGKILL, time.Minute)
 		if t.Failed() {
 			t.Logf("%s logs:\n%s", name, p.logs.String())
 		}
@@ -118,21 +82,28 @@ func startProcess(t *testing.T, name string, env []string, args ...string) *proc
 	return p
 }
 
+// waitExit waits up to d for the process to exit on its own and returns
+// how it ended.
+func (p *process) waitExit(t *testing.T, d time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.Done():
+		return p.Err()
+	case <-time.After(d):
+		t.Fatalf("%s did not exit within %s", p.Name(), d)
+		return nil
+	}
+}
+
 // stop sends SIGTERM and returns the exit error and how long the exit took.
 func (p *process) stop(t *testing.T, bound time.Duration) (error, time.Duration) {
 	t.Helper()
 	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-p.done:
-		p.done <- err // for the cleanup
-		return err, time.Since(start)
-	case <-time.After(bound):
-		t.Fatalf("%s did not exit within %s of SIGTERM", p.name, bound)
-		return nil, 0
-	}
+	err := p.waitExit(t, bound)
+	return err, time.Since(start)
 }
 
 // SIGTERM to a sender with attempts in flight: it stops fetching, finishes
@@ -147,12 +118,9 @@ func TestGracefulShutdownAndLogScan(t *testing.T) {
 	const apiKey = "process-test-key-51f0"
 	stub := startProcess(t, "smsstub", []string{"SMS_API_KEY=" + apiKey, "STUB_LOG_LEVEL=debug"},
 		"-addr", "127.0.0.1:0", "-latency", "300ms", "-fail-rate", "0.1", "-withhold-rate", "0.02")
-	var stubURL string
-	select {
-	case line := <-stub.out:
-		stubURL = strings.TrimPrefix(line, "smsstub listening on ")
-	case <-time.After(30 * time.Second):
-		t.Fatal("stub did not start")
+	stubURL, err := stub.Announced(context.Background(), smsstub.Announcement, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
 	env := []string{
 		"DATABASE_URL=" + url, "NATS_URL=" + srv.URL(), "HTTP_ADDR=127.0.0.1:0", "LOG_LEVEL=debug",
@@ -169,7 +137,7 @@ func TestGracefulShutdownAndLogScan(t *testing.T) {
 		ids = append(ids, id.String())
 	}
 	ctx := context.Background()
-	waitFor(t, 60*time.Second, "some rows sent and some in flight", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "some rows sent and some in flight", func() bool {
 		var sent, sending int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status = 'sending') FROM sms_outbox`).Scan(&sent, &sending)
 		return sent >= 20 && sending > 0
@@ -201,7 +169,7 @@ func TestGracefulShutdownAndLogScan(t *testing.T) {
 	}
 	for _, p := range []*process{second, relayProc, stub} {
 		if err, took := p.stop(t, 30*time.Second); err != nil {
-			t.Errorf("%s exit after %s: %v", p.name, took, err)
+			t.Errorf("%s exit after %s: %v", p.Name(), took, err)
 		}
 	}
 

@@ -15,6 +15,7 @@ import (
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -112,7 +113,7 @@ func TestReconcilerRecoversMaxDeliverExit(t *testing.T) {
 		}
 	}()
 	e.startSender(senderOptions{timeout: time.Second, cfg: sender.Config{Lease: lease}})
-	waitFor(t, 30*time.Second, "the message to leave the consumer", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the message to leave the consumer", func() bool {
 		c, err := e.js.Consumer(ctx, streams.Stream, streams.Consumer)
 		if err != nil {
 			return false
@@ -291,7 +292,7 @@ func TestReplayGoesThroughThePipelineWithTheSameKey(t *testing.T) {
 	}
 	// Still failing: dead again, a second dead letter (generation 1).
 	replay()
-	waitFor(t, 30*time.Second, "the replayed row to die again", func() bool { return len(deadLetterFor(e.deadLetters(), ids[0])) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "the replayed row to die again", func() bool { return len(deadLetterFor(e.deadLetters(), ids[0])) == 2 })
 	e.waitTerminal(ids, 30*time.Second)
 	// The provider is fixed: the next replay is sent, under the same key.
 	if err := e.stub.SetFaults(smsstub.Faults{}); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
+	app "github.com/sendonce/sendonce/outbox"
 )
 
 // asRole returns the database URL with every connection acting as role, as
@@ -52,9 +53,9 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 
 	ctx := context.Background()
 	var ids []uuid.UUID
-	for i := range 30 {
+	for i := range 20 {
 		err := pgx.BeginFunc(ctx, appPool, func(tx pgx.Tx) error {
-			id, err := outbox.Enqueue(ctx, tx, testPhone(i), testBody(i))
+			id, err := app.Enqueue(ctx, tx, testPhone(i), testBody(i))
 			ids = append(ids, id)
 			return err
 		})
@@ -62,12 +63,24 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 			t.Fatalf("the app role cannot enqueue: %v", err)
 		}
 	}
+	err := pgx.BeginFunc(ctx, appPool, func(tx pgx.Tx) error {
+		var batch []app.Message
+		for i := 20; i < 30; i++ {
+			batch = append(batch, app.Message{To: testPhone(i), Body: testBody(i)})
+		}
+		batchIDs, err := app.EnqueueBatch(ctx, tx, batch)
+		ids = append(ids, batchIDs...)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("the app role cannot enqueue a batch: %v", err)
+	}
 	rows := e.waitTerminal(ids, time.Minute)
 	for _, id := range ids {
 		if rows[id].status != outbox.StatusSent {
 			t.Fatalf("row %s ended %s", id, rows[id].status)
 		}
-		st, err := outbox.Status(ctx, appPool, id)
+		st, err := app.Status(ctx, appPool, id)
 		if err != nil || st.Status != outbox.StatusSent {
 			t.Fatalf("the app role cannot read the status: %+v %v", st, err)
 		}
@@ -81,7 +94,7 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	var retried uuid.UUID
 	if err := pgx.BeginFunc(ctx, appPool, func(tx pgx.Tx) error {
 		var err error
-		retried, err = outbox.Enqueue(ctx, tx, testPhone(99), testBody(99))
+		retried, err = app.Enqueue(ctx, tx, testPhone(99), testBody(99))
 		return err
 	}); err != nil {
 		t.Fatal(err)

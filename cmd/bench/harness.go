@@ -1,22 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -25,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
@@ -42,20 +39,14 @@ type bench struct {
 	apiKey   string
 	// procs are the processes of the scenario running now, stopped at its end
 	// (or by cleanup when the bench fails).
-	procs []*proc
+	procs []*child
 }
 
-// proc is a child process: relay, sender, smsstub or the NATS server.
-type proc struct {
-	name, role string
-	cmd        *exec.Cmd
-	done       chan struct{}
-	err        error
-	// first is the first line the process printed on stdout (its address).
-	first chan string
-	// ready receives the time field of the log record announcing start-up.
-	ready         chan time.Time
-	warns, errors atomic.Int64
+// child is a process of a scenario: relay, sender, smsstub or the NATS
+// server (its role).
+type child struct {
+	*proc.Process
+	role string
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -64,10 +55,8 @@ func (b *bench) logf(format string, args ...any) {
 
 func (b *bench) run(ctx context.Context) (*report, error) {
 	c := b.cfg
-	for _, bin := range []string{"relay", "sender", "smsstub"} {
-		if _, err := os.Stat(filepath.Join(c.binDir, bin)); err != nil {
-			return nil, fmt.Errorf("binary %s not found in %s (run make build): %w", bin, c.binDir, err)
-		}
+	if err := proc.Binaries(c.binDir, "relay", "sender", "smsstub"); err != nil {
+		return nil, err
 	}
 	u, err := url.Parse(c.databaseURL)
 	if err != nil || !strings.Contains(strings.TrimPrefix(u.Path, "/"), "bench") {
@@ -82,10 +71,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	}
 	b.apiKey = "bench-" + uuid.NewString()
 
-	migrate := exec.CommandContext(ctx, filepath.Join(c.binDir, "relay"), "migrate")
-	migrate.Env = append(os.Environ(), "DATABASE_URL="+c.databaseURL, "LOG_FORMAT=text", "LOG_LEVEL=warn")
-	if out, err := migrate.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("relay migrate: %v\n%s", err, out)
+	if _, err := proc.Run(ctx, filepath.Join(c.binDir, "relay"), []string{"migrate"},
+		[]string{"DATABASE_URL=" + c.databaseURL, "LOG_FORMAT=text", "LOG_LEVEL=warn"}); err != nil {
+		return nil, err
 	}
 	poolCfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
@@ -154,123 +142,24 @@ func (b *bench) cleanup(failed bool) {
 	}
 }
 
-// start starts a child process. Its stderr goes to a log file and is
-// scanned for the start-up record whose msg is readyMsg; its first stdout
-// line is kept. The child is killed if the bench dies.
-func (b *bench) start(name, role, path string, args, env []string, readyMsg string) (*proc, error) {
-	logFile, err := os.Create(filepath.Join(b.logDir, name+".log"))
+// start starts a child process with its output in a log file; readyMsg is
+// the msg of its start-up record. The child is killed if the bench dies.
+func (b *bench) start(name, role, path string, args, env []string, readyMsg string) (*child, error) {
+	p, err := proc.Start(proc.Spec{Name: name, Path: path, Args: args, Env: env,
+		LogFile: filepath.Join(b.logDir, name+".log"), ReadyMsg: readyMsg})
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(path, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		logFile.Close()
-		return nil, err
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		logFile.Close()
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, role: role, cmd: cmd, done: make(chan struct{}),
-		first: make(chan string, 1), ready: make(chan time.Time, 1)}
-	var pipes sync.WaitGroup
-	pipes.Add(2)
-	go func() {
-		defer pipes.Done()
-		sc := bufio.NewScanner(stdout)
-		first := true
-		for sc.Scan() {
-			if first {
-				p.first <- sc.Text()
-				first = false
-			}
-		}
-		close(p.first)
-	}()
-	go func() {
-		defer pipes.Done()
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		announced := false
-		for sc.Scan() {
-			line := sc.Bytes()
-			_, _ = logFile.Write(append(line, '\n'))
-			var rec struct {
-				Time  time.Time `json:"time"`
-				Level string    `json:"level"`
-				Msg   string    `json:"msg"`
-			}
-			if json.Unmarshal(line, &rec) != nil {
-				continue
-			}
-			switch rec.Level {
-			case "WARN":
-				p.warns.Add(1)
-			case "ERROR":
-				p.errors.Add(1)
-			}
-			if !announced && readyMsg != "" && rec.Msg == readyMsg {
-				announced = true
-				p.ready <- rec.Time
-			}
-		}
-	}()
-	go func() {
-		pipes.Wait() // Wait closes the pipes: read them to the end first
-		p.err = cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	b.procs = append(b.procs, p)
-	return p, nil
-}
-
-// waitReady waits for the process's start-up record and returns its time.
-func (p *proc) waitReady(ctx context.Context, d time.Duration) (time.Time, error) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case at := <-p.ready:
-		return at, nil
-	case <-p.done:
-		return time.Time{}, fmt.Errorf("%s exited during start-up: %v (see its log)", p.name, p.err)
-	case <-t.C:
-		return time.Time{}, fmt.Errorf("%s not started within %s", p.name, d)
-	case <-ctx.Done():
-		return time.Time{}, ctx.Err()
-	}
-}
-
-// firstLine waits for the first line the process prints on stdout.
-func (p *proc) firstLine(d time.Duration) (string, error) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case l, ok := <-p.first:
-		if !ok {
-			return "", fmt.Errorf("%s exited before printing its address", p.name)
-		}
-		return l, nil
-	case <-t.C:
-		return "", fmt.Errorf("%s printed no address within %s", p.name, d)
-	}
+	c := &child{Process: p, role: role}
+	b.procs = append(b.procs, c)
+	return c, nil
 }
 
 // alive returns an error naming the first process that has exited.
 func (b *bench) alive() error {
 	for _, p := range b.procs {
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited early: %v (see its log)", p.name, p.err)
-		default:
+		if p.Exited() {
+			return fmt.Errorf("%s exited early: %s (see its log)", p.Name(), p.Status())
 		}
 	}
 	return nil
@@ -279,24 +168,17 @@ func (b *bench) alive() error {
 // stopAll stops the scenario's processes with SIGTERM, workers first so they
 // drain while the stub and NATS are still up, and waits for them.
 func (b *bench) stopAll() {
-	order := []string{"relay", "sender", "smsstub", "nats"}
-	for _, role := range order {
-		var group []*proc
+	for _, role := range []string{"relay", "sender", "smsstub", "nats"} {
+		var group []*proc.Process
 		for _, p := range b.procs {
 			if p.role == role {
-				group = append(group, p)
-				_ = p.cmd.Process.Signal(syscall.SIGTERM)
+				group = append(group, p.Process)
 			}
 		}
+		proc.StopAll(30*time.Second, group...)
 		for _, p := range group {
-			select {
-			case <-p.done:
-			case <-time.After(30 * time.Second):
-				_ = p.cmd.Process.Kill()
-				<-p.done
-			}
-			if n := p.errors.Load(); n > 0 {
-				b.logf("%s logged %d errors (see %s)", p.name, n, filepath.Join(b.logDir, p.name+".log"))
+			if n := p.Errors(); n > 0 {
+				b.logf("%s logged %d errors (see %s)", p.Name(), n, filepath.Join(b.logDir, p.Name()+".log"))
 			}
 		}
 	}
@@ -310,8 +192,8 @@ type env struct {
 	natsURL string
 	stubURL string
 	nc      *nats.Conn
-	nats    *proc
-	stub    *proc
+	nats    *child
+	stub    *child
 }
 
 // newEnv empties the outbox, starts a fresh NATS server (or clears the
@@ -330,15 +212,11 @@ func (b *bench) newEnv(ctx context.Context, name string, stubLatency time.Durati
 		if err != nil {
 			return nil, err
 		}
-		line, err := p.firstLine(15 * time.Second)
+		u, err := p.Announced(ctx, natsAnnounce, 15*time.Second)
 		if err != nil {
 			return nil, err
 		}
-		u, ok := strings.CutPrefix(line, natsAnnounce)
-		if !ok {
-			return nil, fmt.Errorf("nats-server printed %q", line)
-		}
-		e.natsURL, e.nats = strings.TrimSpace(u), p
+		e.natsURL, e.nats = u, p
 	} else {
 		e.natsURL = b.cfg.natsURL
 	}
@@ -364,15 +242,11 @@ func (b *bench) newEnv(ctx context.Context, name string, stubLatency time.Durati
 		if err != nil {
 			return nil, err
 		}
-		line, err := p.firstLine(10 * time.Second)
+		u, err := p.Announced(ctx, smsstub.Announcement, 10*time.Second)
 		if err != nil {
 			return nil, err
 		}
-		u, ok := strings.CutPrefix(line, "smsstub listening on ")
-		if !ok {
-			return nil, fmt.Errorf("smsstub printed %q", line)
-		}
-		e.stubURL, e.stub = strings.TrimSpace(u), p
+		e.stubURL, e.stub = u, p
 	}
 	return e, nil
 }
@@ -397,7 +271,7 @@ func (e *env) startRelay(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	return p.waitReady(ctx, 30*time.Second)
+	return p.Ready(ctx, 30*time.Second)
 }
 
 // startSenders starts n senders at once and waits until every one has
@@ -405,7 +279,7 @@ func (e *env) startRelay(ctx context.Context) (time.Time, error) {
 func (e *env) startSenders(ctx context.Context, n int) (time.Time, error) {
 	env := append(e.processEnv(), "SMS_API_BASE="+e.stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+e.b.apiKey,
 		"SENDER_CONCURRENCY="+strconv.Itoa(e.b.cfg.concurrency))
-	var ps []*proc
+	var ps []*child
 	for i := range n {
 		p, err := e.b.start(fmt.Sprintf("%s-sender-%d", e.name, i+1), "sender", filepath.Join(e.b.cfg.binDir, "sender"), nil, env, "sender started")
 		if err != nil {
@@ -415,7 +289,7 @@ func (e *env) startSenders(ctx context.Context, n int) (time.Time, error) {
 	}
 	var last time.Time
 	for _, p := range ps {
-		at, err := p.waitReady(ctx, 30*time.Second)
+		at, err := p.Ready(ctx, 30*time.Second)
 		if err != nil {
 			return time.Time{}, err
 		}

@@ -40,22 +40,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/proc"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { proc.Main(run) }
 
 // scenarioNames lists the scenarios in the order they run.
 var scenarioNames = []string{"relay", "pipeline", "latency", "scaleout", "memory"}
@@ -92,39 +85,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	var c config
 	s := envflag.New("bench", getenv, stderr)
-	s.String(&c.databaseURL, "database-url", "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_bench?sslmode=disable",
-		"Postgres database of the bench, created if missing; its name must contain \"bench\" (its tables are emptied)")
-	s.String(&c.natsURL, "nats-url", "NATS_URL", "", "NATS server to use instead of a fresh embedded one per scenario; its SMS and SMS_DLQ streams are deleted before each scenario")
-	s.String(&c.binDir, "bin", "BENCH_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
-	s.String(&c.out, "out", "BENCH_OUT", "bench.json", "file the results are written to as JSON; empty writes none")
-	s.String(&c.only, "only", "BENCH_ONLY", "", "comma-separated scenarios to run ("+strings.Join(scenarioNames, ", ")+"); empty runs all")
-	s.Bool(&c.quick, "quick", "BENCH_QUICK", false, "a small version of every scenario (for CI): sizes and durations divided by about 10 unless set explicitly")
-	s.Bool(&c.strict, "strict", "BENCH_STRICT", false, "exit 1 when a figure misses its target")
-	s.Bool(&c.keepLogs, "keep-logs", "BENCH_KEEP_LOGS", false, "keep the processes' log directory")
-	s.Int(&c.relayRows, "rows", "BENCH_ROWS", 50_000, 1, 10_000_000, "relay: pending rows to drain")
-	s.Int(&c.relays, "relays", "BENCH_RELAYS", 1, 1, 16, "relay: relay processes sharing the backlog")
-	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline: pending rows to send")
-	s.Int(&c.senders, "senders", "BENCH_SENDERS", 2, 1, 32, "pipeline and latency: sender processes")
-	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight per sender")
-	s.Int(&c.rate, "rate", "BENCH_RATE", 1000, 1, 100_000, "latency: committed inserts per second")
-	s.Int(&c.writers, "writers", "BENCH_WRITERS", 8, 1, 256, "latency: writer goroutines, one single-row transaction at a time each")
-	s.Duration(&c.duration, "duration", "BENCH_DURATION", 15*time.Second, 100*time.Millisecond, time.Hour, "latency: how long to write")
-	s.Duration(&c.warmup, "warmup", "BENCH_WARMUP", time.Second, 0, time.Hour, "latency: rows committed this early are left out of the percentiles")
-	s.Int(&c.scaleRows, "scale-rows", "BENCH_SCALE_ROWS", 4000, 1, 10_000_000, "scaleout: queued rows per sender process")
-	s.Int(&c.scaleSenders, "scale-senders", "BENCH_SCALE_SENDERS", 4, 2, 32, "scaleout: sender processes compared with one")
-	s.Duration(&c.scaleLatency, "scale-latency", "BENCH_SCALE_LATENCY", 50*time.Millisecond, 0, time.Minute, "scaleout: provider stub latency")
-	s.Duration(&c.timeout, "timeout", "BENCH_TIMEOUT", 3*time.Minute, time.Second, 24*time.Hour, "give up on a scenario that has not finished by then")
-	s.Check(func() error {
-		sel, err := parseOnly(c.only)
-		c.selected = sel
-		return err
-	})
-	if err := s.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "bench: configuration: %v\n", err)
-		return 2
+	bind(s, &c)
+	if code, stop := s.Command(args[1:]); stop {
+		return code
 	}
 	if c.quick {
 		applyQuick(&c, s.FlagSet(), getenv)
@@ -155,6 +118,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 1
 	}
 	return 0
+}
+
+func bind(s *envflag.Set, c *config) {
+	s.String(&c.databaseURL, "database-url", "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_bench?sslmode=disable",
+		"Postgres database of the bench, created if missing; its name must contain \"bench\" (its tables are emptied)")
+	s.String(&c.natsURL, "nats-url", "NATS_URL", "", "NATS server to use instead of a fresh embedded one per scenario; its SMS and SMS_DLQ streams are deleted before each scenario")
+	s.String(&c.binDir, "bin", "BENCH_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
+	s.String(&c.out, "out", "BENCH_OUT", "bench.json", "file the results are written to as JSON; empty writes none")
+	s.String(&c.only, "only", "BENCH_ONLY", "", "comma-separated scenarios to run ("+strings.Join(scenarioNames, ", ")+"); empty runs all")
+	s.Bool(&c.quick, "quick", "BENCH_QUICK", false, "a small version of every scenario (for CI): sizes and durations divided by about 10 unless set explicitly")
+	s.Bool(&c.strict, "strict", "BENCH_STRICT", false, "exit 1 when a figure misses its target")
+	s.Bool(&c.keepLogs, "keep-logs", "BENCH_KEEP_LOGS", false, "keep the processes' log directory")
+	s.Int(&c.relayRows, "rows", "BENCH_ROWS", 50_000, 1, 10_000_000, "relay: pending rows to drain")
+	s.Int(&c.relays, "relays", "BENCH_RELAYS", 1, 1, 16, "relay: relay processes sharing the backlog")
+	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline: pending rows to send")
+	s.Int(&c.senders, "senders", "BENCH_SENDERS", 2, 1, 32, "pipeline and latency: sender processes")
+	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight per sender")
+	s.Int(&c.rate, "rate", "BENCH_RATE", 1000, 1, 100_000, "latency: committed inserts per second")
+	s.Int(&c.writers, "writers", "BENCH_WRITERS", 8, 1, 256, "latency: writer goroutines, one single-row transaction at a time each")
+	s.Duration(&c.duration, "duration", "BENCH_DURATION", 15*time.Second, 100*time.Millisecond, time.Hour, "latency: how long to write")
+	s.Duration(&c.warmup, "warmup", "BENCH_WARMUP", time.Second, 0, time.Hour, "latency: rows committed this early are left out of the percentiles")
+	s.Int(&c.scaleRows, "scale-rows", "BENCH_SCALE_ROWS", 4000, 1, 10_000_000, "scaleout: queued rows per sender process")
+	s.Int(&c.scaleSenders, "scale-senders", "BENCH_SCALE_SENDERS", 4, 2, 32, "scaleout: sender processes compared with one")
+	s.Duration(&c.scaleLatency, "scale-latency", "BENCH_SCALE_LATENCY", 50*time.Millisecond, 0, time.Minute, "scaleout: provider stub latency")
+	s.Duration(&c.timeout, "timeout", "BENCH_TIMEOUT", 3*time.Minute, time.Second, 24*time.Hour, "give up on a scenario that has not finished by then")
+	s.Check(func() error {
+		sel, err := parseOnly(c.only)
+		c.selected = sel
+		return err
+	})
 }
 
 // parseOnly turns the -only list into a set; empty selects every scenario.

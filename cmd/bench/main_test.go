@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 func TestPercentile(t *testing.T) {
 	t.Parallel()
@@ -158,3 +156,6 @@ func writeExecutable(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "bench", bind) }

@@ -1,50 +1,61 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
-)
 
-// clockTicks is the kernel's USER_HZ, the unit of CPU times in /proc; 100
-// on every Linux architecture Go supports.
-const clockTicks = 100
+	"github.com/prometheus/procfs"
+)
 
 // cpuSample is the CPU time used so far by each group of processes.
 type cpuSample struct {
 	at time.Time
-	// ticks per group: relay, sender, smsstub, nats (children of the bench),
+	// secs per group: relay, sender, smsstub, nats (children of the bench),
 	// postgres (every process named postgres: server, backends, WAL writer,
-	// checkpointer) and bench (this process).
-	ticks map[string]int64
-	// busy and total are the machine's CPU ticks (all cores) from /proc/stat.
-	busy, total int64
+	// checkpointer) and bench (this process), in CPU seconds.
+	secs map[string]float64
+	// busy and total are the machine's CPU seconds (all cores).
+	busy, total float64
 }
 
 // sampleCPU reads the CPU times of the bench's children, of Postgres and of
 // the bench itself. A process that cannot be read counts as zero.
 func (b *bench) sampleCPU() cpuSample {
-	s := cpuSample{at: time.Now(), ticks: map[string]int64{}}
+	s := cpuSample{at: time.Now(), secs: map[string]float64{}}
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return s
+	}
 	for _, p := range b.procs {
-		if t, err := procTicks(strconv.Itoa(p.cmd.Process.Pid)); err == nil {
-			s.ticks[p.role] += t
+		if proc, err := fs.Proc(p.Pid()); err == nil {
+			s.secs[p.role] += cpuSeconds(proc)
 		}
 	}
-	if t, err := procTicks("self"); err == nil {
-		s.ticks["bench"] = t
+	if self, err := fs.Self(); err == nil {
+		s.secs["bench"] = cpuSeconds(self)
 	}
-	s.ticks["postgres"] = postgresTicks(b.dbName)
-	s.busy, s.total = machineTicks()
+	s.secs["postgres"] = postgresSeconds(fs, b.dbName)
+	if st, err := fs.Stat(); err == nil {
+		c := st.CPUTotal // guest time is inside user
+		s.busy = c.User + c.Nice + c.System + c.IRQ + c.SoftIRQ + c.Steal
+		s.total = s.busy + c.Idle + c.Iowait
+	}
 	return s
+}
+
+// cpuSeconds returns a process's user plus system time; 0 if it cannot be
+// read.
+func cpuSeconds(p procfs.Proc) float64 {
+	st, err := p.Stat()
+	if err != nil {
+		return 0
+	}
+	return st.CPUTime()
 }
 
 // cpuSplit is the CPU used between two samples, in cores (1.0 = one core
@@ -66,12 +77,12 @@ func (s cpuSample) since(start cpuSample) cpuSplit {
 		return out
 	}
 	known := 0.0
-	for k, v := range s.ticks {
-		out.Cores[k] = float64(v-start.ticks[k]) / clockTicks / secs
+	for k, v := range s.secs {
+		out.Cores[k] = (v - start.secs[k]) / secs
 		known += out.Cores[k]
 	}
 	if dt := s.total - start.total; dt > 0 {
-		out.MachineBusy = float64(s.busy-start.busy) / float64(dt)
+		out.MachineBusy = (s.busy - start.busy) / dt
 		// Whatever else kept the cores busy: other programs (a test suite
 		// running meanwhile skews every figure), Postgres backends of other
 		// databases, the kernel's interrupt work.
@@ -95,60 +106,29 @@ func (c cpuSplit) String() string {
 	return sb.String()
 }
 
-// procTicks returns utime+stime of /proc/<pid>/stat.
-func procTicks(pid string) (int64, error) {
-	raw, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
-	if err != nil {
-		return 0, err
-	}
-	// The command name is in parentheses and may contain spaces: fields
-	// are counted after the last ')'. utime and stime are fields 14 and 15.
-	i := bytes.LastIndexByte(raw, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%s/stat: malformed", pid)
-	}
-	f := strings.Fields(string(raw[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%s/stat: malformed", pid)
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%s/stat: malformed", pid)
-	}
-	return u + s, nil
-}
-
-// postgresTicks sums the CPU times of the Postgres server's processes:
+// postgresSeconds sums the CPU times of the Postgres server's processes:
 // the postmaster, its shared workers (WAL writer, checkpointer, ...) and the
 // backends connected to database db; backends of other databases belong to
 // someone else. A backend that exits between two samples loses its time;
 // the relay's and senders' connections live as long as they do.
-func postgresTicks(db string) int64 {
-	ents, err := os.ReadDir("/proc")
+func postgresSeconds(fs procfs.FS, db string) float64 {
+	procs, err := fs.AllProcs()
 	if err != nil {
 		return 0
 	}
-	var sum int64
-	for _, e := range ents {
-		name := e.Name()
-		if name[0] < '0' || name[0] > '9' {
+	var sum float64
+	for _, p := range procs {
+		if comm, err := p.Comm(); err != nil || comm != "postgres" {
 			continue
 		}
-		comm, err := os.ReadFile(filepath.Join("/proc", name, "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", name, "cmdline"))
+		cmdline, err := p.CmdLine()
 		if err != nil {
 			continue
 		}
-		if other, ok := backendDatabase(string(cmdline)); ok && other != db {
+		if other, ok := backendDatabase(strings.Join(cmdline, " ")); ok && other != db {
 			continue
 		}
-		if t, err := procTicks(name); err == nil {
-			sum += t
-		}
+		sum += cpuSeconds(p)
 	}
 	return sum
 }
@@ -169,33 +149,6 @@ func backendDatabase(title string) (db string, ok bool) {
 	return "", false
 }
 
-// machineTicks returns the busy and total ticks of all cores.
-func machineTicks() (busy, total int64) {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return 0, 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	if !sc.Scan() {
-		return 0, 0
-	}
-	fields := strings.Fields(sc.Text())
-	if len(fields) < 5 || fields[0] != "cpu" {
-		return 0, 0
-	}
-	for i, v := range fields[1:] {
-		n, _ := strconv.ParseInt(v, 10, 64)
-		if i < 8 { // user nice system idle iowait irq softirq steal; guest is in user
-			total += n
-			if i != 3 && i != 4 {
-				busy += n
-			}
-		}
-	}
-	return busy, total
-}
-
 // memory is a process's resident set, in MiB.
 type memory struct {
 	// PeakMB is VmHWM, the largest resident set since the process started.
@@ -206,43 +159,26 @@ type memory struct {
 
 // readMemory reads VmHWM and VmRSS of pid.
 func readMemory(pid int) (memory, error) {
-	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return memory{}, err
 	}
-	var m memory
-	for _, line := range strings.Split(string(raw), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) < 1 {
-			continue
-		}
-		kb, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "VmHWM":
-			m.PeakMB = kb / 1024
-		case "VmRSS":
-			m.NowMB = kb / 1024
-		}
+	st, err := p.NewStatus()
+	if err != nil {
+		return memory{}, err
 	}
-	if m.PeakMB == 0 {
-		return m, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
+	if st.VmHWM == 0 {
+		return memory{}, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
 	}
-	return m, nil
+	return memory{PeakMB: float64(st.VmHWM) / (1 << 20), NowMB: float64(st.VmRSS) / (1 << 20)}, nil
 }
 
 // memories reads every running child's memory, by process name.
 func (b *bench) memories() map[string]memory {
 	out := map[string]memory{}
 	for _, p := range b.procs {
-		if m, err := readMemory(p.cmd.Process.Pid); err == nil {
-			out[p.name] = m
+		if m, err := readMemory(p.Pid()); err == nil {
+			out[p.Name()] = m
 		}
 	}
 	return out

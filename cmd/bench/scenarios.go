@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 // relayDrain: a backlog of pending rows, written before the relay starts,

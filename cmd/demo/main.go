@@ -10,19 +10,13 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -31,16 +25,12 @@ import (
 
 	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/outbox"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { proc.Main(run) }
 
 type config struct {
 	databaseURL  string
@@ -56,9 +46,7 @@ type config struct {
 	keepLogs     bool
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	var c config
-	s := envflag.New("demo", getenv, stderr)
+func bind(s *envflag.Set, c *config) {
 	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_demo?sslmode=disable", "Postgres database for the demo (created if missing)")
 	s.String(&c.natsURL, "nats-url", "NATS_URL", "", "NATS server; empty runs an embedded one with JetStream")
 	s.String(&c.binDir, "bin", "DEMO_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
@@ -70,12 +58,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", time.Second, 10*time.Millisecond, time.Minute, "senders' bound on one provider attempt")
 	s.Duration(&c.timeout, "timeout", "DEMO_TIMEOUT", 5*time.Minute, time.Second, 24*time.Hour, "give up if the messages are not finished by then")
 	s.Bool(&c.keepLogs, "keep-logs", "DEMO_KEEP_LOGS", false, "keep the processes' log directory")
-	if err := s.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "demo: configuration: %v\n", err)
-		return 2
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var c config
+	s := envflag.New("demo", getenv, stderr)
+	bind(s, &c)
+	if code, stop := s.Command(args[1:]); stop {
+		return code
 	}
 	d := &demo{cfg: c, out: stdout}
 	err := d.run(ctx)
@@ -94,15 +84,8 @@ type demo struct {
 	cfg    config
 	out    io.Writer
 	logDir string
-	procs  []*proc
+	procs  []*proc.Process
 	stop   []func()
-}
-
-type proc struct {
-	name  string
-	cmd   *exec.Cmd
-	done  chan error
-	lines chan string
 }
 
 func (d *demo) run(ctx context.Context) error {
@@ -110,10 +93,8 @@ func (d *demo) run(ctx context.Context) error {
 	if d.logDir, err = os.MkdirTemp("", "sendonce-demo-"); err != nil {
 		return err
 	}
-	for _, b := range []string{"relay", "sender", "smsstub"} {
-		if _, err := os.Stat(filepath.Join(d.cfg.binDir, b)); err != nil {
-			return fmt.Errorf("binary %s not found in %s (run make build): %w", b, d.cfg.binDir, err)
-		}
+	if err := proc.Binaries(d.cfg.binDir, "relay", "sender", "smsstub"); err != nil {
+		return err
 	}
 
 	natsURL := d.cfg.natsURL
@@ -130,10 +111,8 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	env := []string{"DATABASE_URL=" + d.cfg.databaseURL, "NATS_URL=" + natsURL, "LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0"}
-	migrate := exec.CommandContext(ctx, filepath.Join(d.cfg.binDir, "relay"), "migrate")
-	migrate.Env = append(os.Environ(), env...)
-	if out, err := migrate.CombinedOutput(); err != nil {
-		return fmt.Errorf("relay migrate: %v\n%s", err, out)
+	if _, err := proc.Run(ctx, filepath.Join(d.cfg.binDir, "relay"), []string{"migrate"}, env); err != nil {
+		return err
 	}
 	fmt.Fprintf(d.out, "database: migrated %s\n", redact(d.cfg.databaseURL))
 
@@ -145,13 +124,13 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Fprintf(d.out, "provider: stub at %s (503 for %.0f%% of requests, %.0f%% of messages accepted but never answered, %s latency)\n",
 		stubURL, 100*d.cfg.failRate, 100*d.cfg.withholdRate, d.cfg.latency)
 
-	if _, err := d.start(ctx, "relay", "relay", nil, env); err != nil {
+	if _, err := d.start("relay", "relay", nil, env); err != nil {
 		return err
 	}
 	senderEnv := append(env[:len(env):len(env)], "SMS_API_BASE="+stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+apiKey,
 		"SMS_API_TIMEOUT="+d.cfg.apiTimeout.String(), "RETRY_BASE=100ms", "RETRY_CAP=2s")
 	for i := range d.cfg.senders {
-		if _, err := d.start(ctx, fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {
+		if _, err := d.start(fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {
 			return err
 		}
 	}
@@ -224,10 +203,8 @@ func (d *demo) progress(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID
 			return counts, nil
 		}
 		for _, p := range d.procs {
-			select {
-			case err := <-p.done:
-				return nil, fmt.Errorf("%s exited early: %v", p.name, err)
-			default:
+			if p.Exited() {
+				return nil, fmt.Errorf("%s exited early: %s", p.Name(), p.Status())
 			}
 		}
 		if time.Now().After(deadline) {
@@ -325,86 +302,28 @@ func (d *demo) startStub(ctx context.Context, apiKey string) (string, error) {
 	args := []string{"-addr", "127.0.0.1:0",
 		"-fail-rate", fmt.Sprint(d.cfg.failRate), "-fail-status", "503",
 		"-withhold-rate", fmt.Sprint(d.cfg.withholdRate), "-latency", d.cfg.latency.String()}
-	p, err := d.start(ctx, "smsstub", "smsstub", args, []string{"SMS_API_KEY=" + apiKey})
+	p, err := d.start("smsstub", "smsstub", args, []string{"SMS_API_KEY=" + apiKey})
 	if err != nil {
 		return "", err
 	}
-	line, err := p.firstLine(10 * time.Second)
-	if err != nil {
-		return "", fmt.Errorf("smsstub: %w", err)
-	}
-	u, ok := strings.CutPrefix(line, "smsstub listening on ")
-	if !ok {
-		return "", fmt.Errorf("smsstub printed %q", line)
-	}
-	return strings.TrimSpace(u), nil
+	return p.Announced(ctx, smsstub.Announcement, 10*time.Second)
 }
 
-func (d *demo) start(ctx context.Context, name, bin string, args, env []string) (*proc, error) {
-	logFile, err := os.Create(filepath.Join(d.logDir, name+".log"))
+// start starts a binary with its output in the log directory.
+func (d *demo) start(name, bin string, args, env []string) (*proc.Process, error) {
+	p, err := proc.Start(proc.Spec{Name: name, Path: filepath.Join(d.cfg.binDir, bin), Args: args, Env: env,
+		LogFile: filepath.Join(d.logDir, name+".log")})
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(d.cfg.binDir, bin), args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = logFile
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan error, 1)}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		first := true
-		for sc.Scan() {
-			if first {
-				lines <- sc.Text()
-				first = false
-			}
-		}
-		close(lines)
-	}()
-	go func() {
-		err := cmd.Wait()
-		logFile.Close()
-		p.done <- err
-	}()
-	p.lines = lines
 	d.procs = append(d.procs, p)
 	return p, nil
-}
-
-func (p *proc) firstLine(d time.Duration) (string, error) {
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			return "", errors.New("exited before printing its address")
-		}
-		return l, nil
-	case <-time.After(d):
-		return "", fmt.Errorf("no address printed within %s", d)
-	}
 }
 
 // cleanup stops the processes with SIGTERM (they drain and exit 0), then the
 // embedded server.
 func (d *demo) cleanup() {
-	for i := len(d.procs) - 1; i >= 0; i-- {
-		p := d.procs[i]
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for _, p := range d.procs {
-		select {
-		case <-p.done:
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	}
+	proc.StopAll(30*time.Second, d.procs...)
 	for _, f := range d.stop {
 		f()
 	}

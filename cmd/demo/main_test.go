@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 // The demo as make demo runs it, on freshly built binaries as separate
@@ -21,6 +25,16 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
+	// A default build has no crash points: nothing in it reads the variable.
+	for _, b := range []string{"relay", "sender"} {
+		exe, err := os.ReadFile(filepath.Join(bin, b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(exe, []byte(crashpoint.Env)) {
+			t.Errorf("a default build of %s mentions %s", b, crashpoint.Env)
+		}
+	}
 	// A database name that does not exist yet: the demo's migrate creates it.
 	url := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -28,7 +42,7 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": url}
 	var out, errOut bytes.Buffer
 	args := []string{"demo", "-bin", bin, "-n", "300", "-fail-rate", "0.1", "-withhold-rate", "0.05", "-sms-api-timeout", "300ms"}
-	code := run(ctx, args, func(k string) string { return env[k] }, &out, &errOut)
+	code := run(ctx, args, testkit.EnvMap(env), &out, &errOut)
 	t.Log(out.String())
 	if code != 0 {
 		t.Fatalf("demo exit %d: %s", code, errOut.String())
@@ -40,3 +54,6 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 		}
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "demo", bind) }

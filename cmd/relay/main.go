@@ -1,58 +1,77 @@
 // Command relay moves committed sms_outbox rows into the JetStream stream SMS,
-// and applies the database migrations.
+// and holds the commands an operator runs against the outbox.
 //
-//	relay [flags]               run until SIGINT or SIGTERM
-//	relay migrate [-down N]     apply (or revert N) migrations, then exit
+//	relay [flags]                 run until SIGINT or SIGTERM
+//	relay migrate [-down N]       apply (or revert N) migrations, then exit
+//	relay dlq list|replay ...     list or replay dead letters
+//	relay trace ID                a row, its attempts and its dead letters
 //
-// Every flag has an environment variable; run "relay -h" for the list.
+// Every flag has an environment variable; "relay -h" lists the settings and
+// the commands.
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
-	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/telemetry"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+func main() { proc.Main(run) }
+
+// command is a subcommand of relay: "relay NAME ARGS".
+type command struct {
+	name, args, what string
+	run              proc.Command
+}
+
+// commands are relay's subcommands, in the order "relay -h" lists them.
+func commands() []command {
+	return []command{
+		{"migrate", "[-down N]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
+		{"dlq", "list|replay [flags]", "list dead letters, or put dead and unknown rows back to pending", opsCommand("dlq")},
+		{"trace", "ID", "show a row (number masked), its attempts and its dead letters", opsCommand("trace")},
+	}
+}
+
+// opsCommand runs an operator command of ops.go.
+func opsCommand(name string) proc.Command {
+	return func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+		return runOps(ctx, name, args, getenv, stdout, stderr)
+	}
+}
+
+// intro is what "relay -h" prints before the settings.
+func intro() string {
+	var b strings.Builder
+	b.WriteString("relay moves committed sms_outbox rows into JetStream, until SIGINT or SIGTERM.\n\nUsage:\n")
+	fmt.Fprintf(&b, "  %-32s %s\n", "relay [flags]", "run the relay")
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "  %-32s %s\n", "relay "+c.name+" "+c.args, c.what)
+	}
+	b.WriteString(`"relay COMMAND -h" lists a command's settings.`)
+	return b.String()
 }
 
 type config struct {
-	databaseURL   string
-	nats          natsconn.Config
-	ensureTopo    bool
-	httpAddr      string
-	logFormat     string
-	logLevel      string
+	service.Settings
 	batchSize     int
 	workers       int
 	publishWindow int
 	pollInterval  time.Duration
 	ackTimeout    time.Duration
-	dbTimeout     time.Duration
-	shutdown      time.Duration
 	reconcile     bool
 	reconcileInt  time.Duration
 	reconcileAge  time.Duration
@@ -61,77 +80,42 @@ type config struct {
 }
 
 func bind(s *envflag.Set, c *config) {
-	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.databaseURL, "database-url")
-	natsconn.Bind(s, &c.nats)
-	s.Bool(&c.ensureTopo, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up; false only checks they exist (for credentials without those permissions)")
-	s.String(&c.httpAddr, "http-addr", "HTTP_ADDR", ":9101", "address for /metrics, /healthz and /readyz; empty disables")
-	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
-	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
-	s.Int(&c.batchSize, "batch-size", "RELAY_BATCH_SIZE", 500, 1, 10000, "rows claimed per transaction")
-	s.Int(&c.workers, "workers", "RELAY_WORKERS", 2, 1, 64, "batches in flight at once, each in its own transaction")
-	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", 1024, 1, 65536, "publications awaiting their PubAck at once")
-	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", time.Second, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification")
-	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks")
-	s.Duration(&c.dbTimeout, "db-timeout", "DB_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
-	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown")
+	service.Bind(s, &c.Settings, ":9101")
+	s.Int(&c.batchSize, "batch-size", "RELAY_BATCH_SIZE", relay.DefaultBatchSize, 1, 10000, "rows claimed per transaction")
+	s.Int(&c.workers, "workers", "RELAY_WORKERS", relay.DefaultWorkers, 1, 64, "batches in flight at once, each in its own transaction")
+	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", relay.DefaultPublishWindow, 1, 65536, "publications awaiting their PubAck at once")
+	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification")
+	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", relay.DefaultAckTimeout, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks; rows not acknowledged stay pending")
 	s.Bool(&c.reconcile, "reconcile", "RECONCILE", true, "run the reconciler, which republishes or finalises rows stuck in queued or sending")
 	s.Duration(&c.reconcileInt, "reconcile-interval", "RECONCILE_INTERVAL", 30*time.Second, 10*time.Millisecond, time.Hour, "time between reconciler passes")
-	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", 7*24*time.Hour, 0, 10*365*24*time.Hour, "keep finished rows (and their attempts) this long after their last change; 0 keeps them forever")
-	s.Duration(&c.retentionInt, "retention-interval", "RETENTION_INTERVAL", time.Minute, 10*time.Millisecond, 24*time.Hour, "time between retention purges")
 	s.Duration(&c.reconcileAge, "reconcile-grace", "RECONCILE_GRACE", 2*time.Minute, time.Millisecond, 24*time.Hour, "how long past its retry time a queued row, or past the end of its claim's lease a sending row, waits before it counts as stuck; must exceed the consumer's AckWait (each claim's lease is stamped in its row, so the senders' SENDER_LEASE need not be known here)")
+	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", relay.DefaultRetentionAge, 0, 10*365*24*time.Hour, "keep finished rows (and their attempts) this long after their last change; 0 keeps them forever")
+	s.Duration(&c.retentionInt, "retention-interval", "RETENTION_INTERVAL", relay.DefaultRetentionInterval, 10*time.Millisecond, 24*time.Hour, "time between retention purges")
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	sub := ""
 	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-		sub = args[1]
-	}
-	switch sub {
-	case "":
-	case "migrate":
-	case "dlq", "trace":
-		return runOps(ctx, sub, args[2:], getenv, stdout, stderr)
-	default:
-		fmt.Fprintf(stderr, "relay: unknown command %q (want migrate, dlq or trace)\n", sub)
+		var names []string
+		for _, c := range commands() {
+			if c.name == args[1] {
+				return c.run(ctx, args[2:], getenv, stdout, stderr)
+			}
+			names = append(names, c.name)
+		}
+		fmt.Fprintf(stderr, "relay: unknown command %q (want %s; relay -h lists them)\n", args[1], strings.Join(names, ", "))
 		return 2
-	}
-	migrateMode := sub == "migrate"
-	flagArgs := args[1:]
-	name := "relay"
-	if migrateMode {
-		flagArgs = args[2:]
-		name = "relay migrate"
 	}
 	var c config
-	s := envflag.New(name, getenv, stderr)
+	s := envflag.New("relay", getenv, stderr)
+	s.Intro(intro())
 	bind(s, &c)
-	down := 0
-	if migrateMode {
-		s.FlagSet().IntVar(&down, "down", 0, "revert this many migrations instead of applying")
+	root, code := service.Parse("relay", s, args[1:], &c.Settings, stderr)
+	if root == nil {
+		return code
 	}
-	if err := s.Parse(flagArgs); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "%s: configuration: %v\n", name, err)
-		return 2
-	}
-	root, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return 2
-	}
-	// The packages name their own component (relay, reconciler, retention,
-	// sender) on root; this logger is for the command's own lines.
+	// The packages name their own component (relay, reconciler, retention)
+	// on root; this logger is for the command's own lines.
 	log := root.With("component", "relay")
-	if migrateMode {
-		if err := runMigrate(ctx, c, down, log); err != nil {
-			log.Error("migrate failed", "err", err)
-			return 1
-		}
-		return 0
-	}
 	if err := runRelay(ctx, c, root, log); err != nil {
 		log.Error("relay failed", "err", err)
 		return 1
@@ -139,10 +123,42 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return 0
 }
 
-func runMigrate(ctx context.Context, c config, down int, log *slog.Logger) error {
+// runMigrate is "relay migrate": it needs only the database.
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, _, stderr io.Writer) int {
+	var c migrateConfig
+	s := envflag.New("relay migrate", getenv, stderr)
+	bindMigrate(s, &c)
+	root, code := service.Parse("relay migrate", s, args, &c.Settings, stderr)
+	if root == nil {
+		return code
+	}
+	log := root.With("component", "relay")
+	if err := migrateDB(ctx, c.DatabaseURL, c.down, log); err != nil {
+		log.Error("migrate failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// migrateConfig is what relay migrate needs: the database, the logs.
+type migrateConfig struct {
+	service.Settings
+	down int
+}
+
+func bindMigrate(s *envflag.Set, c *migrateConfig) {
+	s.Intro("relay migrate applies the embedded migrations (creating the database if it is missing; safe when several run at once), then exits.")
+	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
+	s.Required(&c.DatabaseURL, "database-url")
+	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
+	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
+	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying")
+}
+
+func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	conn, created, err := migrate.EnsureDatabase(ctx, c.databaseURL)
+	conn, created, err := migrate.EnsureDatabase(ctx, databaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
@@ -169,73 +185,34 @@ func runMigrate(ctx context.Context, c config, down int, log *slog.Logger) error
 func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	poolCfg, err := outbox.PoolConfig(c.databaseURL)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	// A connection per worker, plus the reconciler, retention, the depth
-	// gauges and /readyz (the LISTEN connection is its own).
-	poolCfg.MaxConns = max(poolCfg.MaxConns, int32(c.workers)+4)
-	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	defer pool.Close()
-	if err := pool.Ping(startCtx); err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	natsCfg := withConn(c.nats, "sendonce-relay", c.publishWindow, log)
-	natsCfg.PublishAckTimeout = c.ackTimeout
-	nc, js, err := natsconn.Connect(natsCfg)
+	conns, err := service.Open(startCtx, c.Settings, service.Options{
+		Name: "sendonce-relay", PublishWindow: c.publishWindow, PublishAckTimeout: c.ackTimeout,
+		// A connection per worker, plus the reconciler, retention, the depth
+		// gauges and /readyz (the LISTEN connection is its own).
+		MinConns: int32(c.workers) + 4,
+	}, log)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	topo, err := streams.Default()
-	if err != nil {
-		return err
-	}
-	if c.ensureTopo {
-		changed, err := topo.Ensure(startCtx, js)
-		if err != nil {
-			return err
-		}
-		for _, c := range changed {
-			log.Info("nats topology", "change", c)
-		}
-	} else if err := topo.Check(startCtx, js); err != nil {
-		return fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)
-	}
-	if err := checkRetention(c.retention, topo); err != nil {
+	defer conns.Close()
+	if err := checkRetention(c.retention, conns.Topology); err != nil {
 		return err
 	}
 
 	reg := telemetry.NewRegistry()
 	r, err := relay.New(relay.Config{
-		Pool: pool, JetStream: js, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
-		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.dbTimeout,
+		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
+		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.DBTimeout,
 		Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err
 	}
-	if c.httpAddr != "" {
-		stopHTTP, err := telemetry.Start(c.httpAddr, reg, func(ctx context.Context) error {
-			if err := pool.Ping(ctx); err != nil {
-				return fmt.Errorf("postgres: %w", err)
-			}
-			return topo.Check(ctx, js)
-		}, log)
-		if err != nil {
-			return fmt.Errorf("HTTP_ADDR: %w", err)
-		}
-		defer stopHTTP()
-	}
-	var rec *relay.Reconciler
+	loops := []func(context.Context) error{r.Run}
 	if c.reconcile {
-		rec, err = relay.NewReconciler(relay.ReconcilerConfig{
-			Pool: pool, JetStream: js, Interval: c.reconcileInt, Grace: c.reconcileAge,
-			DBTimeout: c.dbTimeout, Logger: root, Registerer: reg,
+		rec, err := relay.NewReconciler(relay.ReconcilerConfig{
+			Pool: conns.Pool, JetStream: conns.JS, Interval: c.reconcileInt, Grace: c.reconcileAge,
+			DBTimeout: c.DBTimeout, Logger: root, Registerer: reg,
 		})
 		if err != nil {
 			return err
@@ -243,40 +220,27 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		if err := rec.CheckGrace(startCtx); err != nil {
 			return fmt.Errorf("RECONCILE_GRACE: %w", err)
 		}
-	}
-	runs := []func(context.Context) error{r.Run}
-	if rec != nil {
-		runs = append(runs, rec.Run)
+		loops = append(loops, rec.Run)
 	}
 	if c.retention > 0 {
 		ret, err := relay.NewRetention(relay.RetentionConfig{
-			Pool: pool, Age: c.retention, Interval: c.retentionInt, DBTimeout: c.dbTimeout, Logger: root, Registerer: reg,
+			Pool: conns.Pool, Age: c.retention, Interval: c.retentionInt, DBTimeout: c.DBTimeout, Logger: root, Registerer: reg,
 		})
 		if err != nil {
 			return err
 		}
-		runs = append(runs, ret.Run)
+		loops = append(loops, ret.Run)
 	}
-	reg.MustRegister(relay.NewDepthCollector(pool, log))
-	log.Info("relay started", "batch_size", c.batchSize, "workers", c.workers, "publish_window", c.publishWindow,
-		"reconcile", c.reconcile, "retention", c.retention.String())
-
-	done := make(chan error, 1)
-	go func() { done <- runAll(ctx, runs) }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		select {
-		case err = <-done:
-		case <-time.After(c.shutdown):
-			return fmt.Errorf("shutdown did not finish within %s", c.shutdown)
-		}
-	}
+	reg.MustRegister(relay.NewDepthCollector(conns.Pool, log))
+	stopHTTP, err := conns.Serve(c.HTTPAddr, reg, log)
 	if err != nil {
 		return err
 	}
-	if err := natsconn.Drain(nc, 5*time.Second); err != nil {
-		log.Warn("nats drain", "err", err)
+	defer stopHTTP()
+	log.Info("relay started", "batch_size", c.batchSize, "workers", c.workers, "publish_window", c.publishWindow,
+		"reconcile", c.reconcile, "retention", c.retention.String())
+	if err := conns.Run(ctx, c.ShutdownTimeout, log, loops...); err != nil {
+		return err
 	}
 	log.Info("relay stopped")
 	return nil
@@ -298,22 +262,7 @@ func checkRetention(retention time.Duration, topo *streams.Topology) error {
 	return nil
 }
 
-// runAll runs every fn until ctx is done and returns their errors joined,
-// after all have returned.
-func runAll(ctx context.Context, fns []func(context.Context) error) error {
-	errs := make(chan error, len(fns))
-	for _, fn := range fns {
-		go func() { errs <- fn(ctx) }()
-	}
-	var all []error
-	for range fns {
-		all = append(all, <-errs)
-	}
-	return errors.Join(all...)
-}
-
-// withConn completes the bound NATS settings for this process.
+// withConn completes the bound NATS settings for an operator command.
 func withConn(c natsconn.Config, name string, publishWindow int, log *slog.Logger) natsconn.Config {
-	c.Name, c.PublishWindow, c.ConnectTimeout, c.Logger = name, publishWindow, 10*time.Second, log
-	return c
+	return service.NATSConfig(c, service.Options{Name: name, PublishWindow: publishWindow}, log)
 }

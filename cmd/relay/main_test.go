@@ -1,40 +1,19 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/outbox"
 )
-
-func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
-// syncBuffer is a bytes.Buffer safe for the writes of a running command.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestBadConfigurationNamesTheSetting(t *testing.T) {
 	t.Parallel()
@@ -66,8 +45,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 			for k, v := range tt.env {
 				env[k] = v
 			}
-			var out, errOut syncBuffer
-			code := run(context.Background(), append([]string{"relay"}, tt.args...), envMap(env), &out, &errOut)
+			var out, errOut testkit.Buffer
+			code := run(context.Background(), append([]string{"relay"}, tt.args...), testkit.EnvMap(env), &out, &errOut)
 			if code != 2 || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s", code, errOut.String(), tt.want)
 			}
@@ -77,8 +56,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 
 func TestHelpListsEverySetting(t *testing.T) {
 	t.Parallel()
-	var out, errOut syncBuffer
-	if code := run(context.Background(), []string{"relay", "-h"}, envMap(nil), &out, &errOut); code != 0 {
+	var out, errOut testkit.Buffer
+	if code := run(context.Background(), []string{"relay", "-h"}, testkit.EnvMap(nil), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	for _, env := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "RELAY_BATCH_SIZE", "RELAY_WORKERS", "RELAY_PUBLISH_WINDOW",
@@ -87,13 +66,31 @@ func TestHelpListsEverySetting(t *testing.T) {
 			t.Errorf("-h does not list %s", env)
 		}
 	}
+	for _, c := range commands() {
+		if !strings.Contains(errOut.String(), "relay "+c.name+" ") {
+			t.Errorf("-h does not list the command %s:\n%s", c.name, errOut.String())
+		}
+	}
+	for _, name := range []string{"migrate", "dlq", "trace"} {
+		if !strings.Contains(errOut.String(), "relay "+name+" ") {
+			t.Errorf("-h does not list %s", name)
+		}
+	}
+}
+
+func TestUnknownCommandNamesTheCommands(t *testing.T) {
+	t.Parallel()
+	var out, errOut testkit.Buffer
+	if code := run(context.Background(), []string{"relay", "setpu"}, testkit.EnvMap(nil), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "migrate, dlq, trace") {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
 }
 
 func TestUnreachableDatabaseNamesTheSetting(t *testing.T) {
 	t.Parallel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	env := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", "HTTP_ADDR": ""}
-	if code := run(context.Background(), []string{"relay"}, envMap(env), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_URL") {
+	if code := run(context.Background(), []string{"relay"}, testkit.EnvMap(env), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_URL") {
 		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
 }
@@ -113,8 +110,8 @@ func TestMigrateCreatesTheDatabaseAndIsIdempotent(t *testing.T) {
 	}
 	admin.Close(ctx)
 	for i := range 2 {
-		var out, errOut syncBuffer
-		if code := run(ctx, []string{"relay", "migrate"}, envMap(map[string]string{"DATABASE_URL": url}), &out, &errOut); code != 0 {
+		var out, errOut testkit.Buffer
+		if code := run(ctx, []string{"relay", "migrate"}, testkit.EnvMap(map[string]string{"DATABASE_URL": url}), &out, &errOut); code != 0 {
 			t.Fatalf("migrate run %d: exit %d: %s", i, code, errOut.String())
 		}
 	}
@@ -138,8 +135,8 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": "127.0.0.1:0", "RELAY_POLL_INTERVAL": "50ms"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	var out, errOut syncBuffer
-	go func() { done <- run(ctx, []string{"relay"}, envMap(env), &out, &errOut) }()
+	var out, errOut testkit.Buffer
+	go func() { done <- run(ctx, []string{"relay"}, testkit.EnvMap(env), &out, &errOut) }()
 
 	conn, err := pgx.Connect(context.Background(), url)
 	if err != nil {
@@ -157,20 +154,11 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.WaitFor(t, 30*time.Second, "20 rows queued", func() bool {
 		var queued int
-		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'queued'`).Scan(&queued); err != nil {
-			t.Fatal(err)
-		}
-		if queued == 20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 20 rows queued; stderr: %s", queued, errOut.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		_ = conn.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'queued'`).Scan(&queued)
+		return queued == 20
+	})
 	cancel()
 	select {
 	case code := <-done:
@@ -183,6 +171,12 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 	if strings.Contains(errOut.String(), "+15551230000") || strings.Contains(errOut.String(), "hello from the relay test") {
 		t.Fatal("the relay logged a phone number or a body")
 	}
+}
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) {
+	testkit.SettingsDoc(t, "relay", bind)
+	testkit.SettingsDoc(t, "relay migrate", bindMigrate)
 }
 
 // A row must outlive every message that can name it: the work stream keeps

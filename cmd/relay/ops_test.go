@@ -12,9 +12,10 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 type opsEnv struct {
@@ -33,8 +34,8 @@ func setupOps(t *testing.T) *opsEnv {
 
 func (o *opsEnv) run(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	var out, errOut syncBuffer
-	code := run(context.Background(), append([]string{"relay"}, args...), envMap(o.env), &out, &errOut)
+	var out, errOut testkit.Buffer
+	code := run(context.Background(), append([]string{"relay"}, args...), testkit.EnvMap(o.env), &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 

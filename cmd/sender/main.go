@@ -8,42 +8,25 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/natsconn"
-	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
-	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/telemetry"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { proc.Main(run) }
 
 type config struct {
-	databaseURL    string
-	nats           natsconn.Config
-	ensureTopo     bool
-	httpAddr       string
-	logFormat      string
-	logLevel       string
+	service.Settings
 	providerKind   string
 	apiBase        string
 	apiKey         string
@@ -59,19 +42,11 @@ type config struct {
 	lease          time.Duration
 	retryBase      time.Duration
 	retryCap       time.Duration
-	dbTimeout      time.Duration
-	shutdown       time.Duration
 }
 
 func bind(s *envflag.Set, c *config) {
-	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.databaseURL, "database-url")
-	natsconn.Bind(s, &c.nats)
-	s.Bool(&c.ensureTopo, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up; false only checks they exist (for credentials without those permissions)")
-	s.String(&c.httpAddr, "http-addr", "HTTP_ADDR", ":9102", "address for /metrics, /healthz and /readyz; empty disables")
-	s.Enum(&c.logFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
-	s.Enum(&c.logLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
-	s.Enum(&c.providerKind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio"}, "provider API shape: generic (DESIGN 4.4, JSON with Idempotency-Key) or twilio (never idempotent)")
+	service.Bind(s, &c.Settings, ":9102")
+	s.Enum(&c.providerKind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio"}, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md) or twilio (never idempotent)")
 	s.String(&c.apiBase, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com")
 	s.URL(&c.apiBase, "sms-api-base", "http", "https")
 	s.Bool(&c.allowInsecure, "sms-api-allow-insecure", "SMS_API_ALLOW_INSECURE", false, "allow an http:// SMS_API_BASE (development and tests only: the key and the messages would cross the network in clear)")
@@ -87,8 +62,6 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.lease, "lease", "SENDER_LEASE", 0, 0, time.Hour, "how long a claimed row is held for its attempt (0: 2*SMS_API_TIMEOUT+5s)")
 	s.Duration(&c.retryBase, "retry-base", "RETRY_BASE", 500*time.Millisecond, time.Millisecond, time.Hour, "backoff base: delay ~ U(0, min(cap, base*2^attempt))")
 	s.Duration(&c.retryCap, "retry-cap", "RETRY_CAP", 60*time.Second, time.Millisecond, 24*time.Hour, "backoff cap")
-	s.Duration(&c.dbTimeout, "db-timeout", "DB_TIMEOUT", 10*time.Second, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
-	s.Duration(&c.shutdown, "shutdown-timeout", "SHUTDOWN_TIMEOUT", 30*time.Second, time.Second, time.Hour, "bound on a graceful shutdown: how long, after SIGTERM, the sender keeps trying to claim, write and dead-letter what it holds through an outage")
 	s.Check(func() error {
 		switch {
 		case c.providerKind == "generic" && c.apiBase == "":
@@ -136,20 +109,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var c config
 	s := envflag.New("sender", getenv, stderr)
 	bind(s, &c)
-	if err := s.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "sender: configuration: %v\n", err)
-		return 2
+	root, code := service.Parse("sender", s, args[1:], &c.Settings, stderr)
+	if root == nil {
+		return code
 	}
-	root, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "sender: %v\n", err)
-		return 2
-	}
-	// The packages name their own component (relay, reconciler, retention,
-	// sender) on root; this logger is for the command's own lines.
+	// The packages name their own component on root; this logger is for the
+	// command's own lines.
 	log := root.With("component", "sender")
 	if err := runSender(ctx, c, root, log); err != nil {
 		log.Error("sender failed", "err", err)
@@ -181,89 +146,35 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	poolCfg, err := outbox.PoolConfig(c.databaseURL)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	// One connection per claim and status-write loop, plus headroom.
-	poolCfg.MaxConns = max(poolCfg.MaxConns, 8)
-	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	defer pool.Close()
-	if err := pool.Ping(startCtx); err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	nc, js, err := natsconn.Connect(withConn(c.nats, "sendonce-sender", 0, log))
+	conns, err := service.Open(startCtx, c.Settings, service.Options{
+		// One connection per claim and status-write loop, plus headroom.
+		Name: "sendonce-sender", MinConns: 8,
+	}, log)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	topo, err := streams.Default()
-	if err != nil {
-		return err
-	}
-	if c.ensureTopo {
-		changed, err := topo.Ensure(startCtx, js)
-		if err != nil {
-			return err
-		}
-		for _, c := range changed {
-			log.Info("nats topology", "change", c)
-		}
-	} else if err := topo.Check(startCtx, js); err != nil {
-		return fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)
-	}
+	defer conns.Close()
 
 	reg := telemetry.NewRegistry()
 	snd, err := sender.New(sender.Config{
-		Pool: pool, JetStream: js, Provider: prov, Concurrency: c.concurrency,
-		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.dbTimeout,
-		ShutdownTimeout: c.shutdown, Logger: root, Registerer: reg,
+		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Concurrency: c.concurrency,
+		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
+		ShutdownTimeout: c.ShutdownTimeout, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err
 	}
-	if c.httpAddr != "" {
-		stopHTTP, err := telemetry.Start(c.httpAddr, reg, func(ctx context.Context) error {
-			if err := pool.Ping(ctx); err != nil {
-				return fmt.Errorf("postgres: %w", err)
-			}
-			return topo.Check(ctx, js)
-		}, log)
-		if err != nil {
-			return fmt.Errorf("HTTP_ADDR: %w", err)
-		}
-		defer stopHTTP()
-	}
-	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout.String())
-
-	done := make(chan error, 1)
-	go func() { done <- snd.Run(ctx) }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		select {
-		case err = <-done:
-		case <-time.After(c.shutdown + 5*time.Second):
-			// The sender gives up on what it holds at c.shutdown; this is
-			// the backstop for a drain stuck elsewhere.
-			return fmt.Errorf("shutdown did not finish within %s", c.shutdown)
-		}
-	}
+	stopHTTP, err := conns.Serve(c.HTTPAddr, reg, log)
 	if err != nil {
 		return err
 	}
-	if err := natsconn.Drain(nc, 5*time.Second); err != nil {
-		log.Warn("nats drain", "err", err)
+	defer stopHTTP()
+	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout.String())
+	// The sender itself gives up on what it holds at the shutdown timeout;
+	// the wait here is the backstop for a drain stuck elsewhere.
+	if err := conns.Run(ctx, c.ShutdownTimeout+5*time.Second, log, snd.Run); err != nil {
+		return err
 	}
 	log.Info("sender stopped")
 	return nil
-}
-
-// withConn completes the bound NATS settings for this process.
-func withConn(c natsconn.Config, name string, publishWindow int, log *slog.Logger) natsconn.Config {
-	c.Name, c.PublishWindow, c.ConnectTimeout, c.Logger = name, publishWindow, 10*time.Second, log
-	return c
 }

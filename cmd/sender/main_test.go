@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,30 +13,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/outbox"
 )
-
-func envMap(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestBadConfigurationNamesTheSetting(t *testing.T) {
 	t.Parallel()
@@ -71,8 +52,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 			for k, v := range tt.env {
 				env[k] = v
 			}
-			var out, errOut syncBuffer
-			code := run(context.Background(), append([]string{"sender"}, tt.args...), envMap(env), &out, &errOut)
+			var out, errOut testkit.Buffer
+			code := run(context.Background(), append([]string{"sender"}, tt.args...), testkit.EnvMap(env), &out, &errOut)
 			if code != 2 || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s", code, errOut.String(), tt.want)
 			}
@@ -82,9 +63,9 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 
 func TestHelpListsSettingsWithoutSecrets(t *testing.T) {
 	t.Parallel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	env := map[string]string{"SMS_API_KEY": "super-secret-key"}
-	if code := run(context.Background(), []string{"sender", "-h"}, envMap(env), &out, &errOut); code != 0 {
+	if code := run(context.Background(), []string{"sender", "-h"}, testkit.EnvMap(env), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	help := errOut.String()
@@ -122,9 +103,9 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut syncBuffer
+	var out, errOut testkit.Buffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"sender"}, envMap(env), &out, &errOut) }()
+	go func() { done <- run(ctx, []string{"sender"}, testkit.EnvMap(env), &out, &errOut) }()
 
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
@@ -133,16 +114,10 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 	defer pool.Close()
 	// The sender creates the topology; wait for the stream before relaying.
 	_, js := srv.Connect(t)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := js.Stream(context.Background(), "SMS"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sender did not create the stream: %s", errOut.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 30*time.Second, "the sender to create the stream", func() bool {
+		_, err := js.Stream(context.Background(), streams.Stream)
+		return err == nil
+	})
 	r, err := relay.New(relay.Config{Pool: pool, JetStream: js, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -163,19 +138,11 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
+	testkit.WaitFor(t, 30*time.Second, "50 rows sent", func() bool {
 		var sent int
-		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'sent'`).Scan(&sent); err != nil {
-			t.Fatal(err)
-		}
-		if sent == 50 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 50 sent; stderr: %s", sent, errOut.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE status = 'sent'`).Scan(&sent)
+		return sent == 50
+	})
 	cancel()
 	select {
 	case code := <-done:
@@ -197,3 +164,6 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 		}
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "sender", bind) }

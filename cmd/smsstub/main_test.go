@@ -7,30 +7,15 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
-
-// TestMain fails the package if run leaves a goroutine behind.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
 
 var listening = regexp.MustCompile(`^smsstub listening on (http://127\.0\.0\.1:[1-9][0-9]*)$`)
 
@@ -39,7 +24,7 @@ type running struct {
 	url    string
 	stop   context.CancelFunc
 	done   chan int
-	stderr *syncBuffer
+	stderr *testkit.Buffer
 }
 
 // start calls run in the background and waits for its listening line.
@@ -47,9 +32,9 @@ func start(t *testing.T, env map[string]string, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stdout := &lineWriter{lines: make(chan string, 8)}
-	r := &running{stop: cancel, done: make(chan int, 1), stderr: &syncBuffer{}}
+	r := &running{stop: cancel, done: make(chan int, 1), stderr: &testkit.Buffer{}}
 	go func() {
-		r.done <- run(ctx, append([]string{"smsstub", "-addr", "127.0.0.1:0"}, args...), mapEnv(env), stdout, r.stderr)
+		r.done <- run(ctx, append([]string{"smsstub", "-addr", "127.0.0.1:0"}, args...), testkit.EnvMap(env), stdout, r.stderr)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -95,12 +80,8 @@ func runSync(env map[string]string, args ...string) (code int, stdout, stderr st
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	var out, errOut bytes.Buffer
-	code = run(ctx, append([]string{"smsstub"}, args...), mapEnv(env), &out, &errOut)
+	code = run(ctx, append([]string{"smsstub"}, args...), testkit.EnvMap(env), &out, &errOut)
 	return code, out.String(), errOut.String()
-}
-
-func mapEnv(env map[string]string) func(string) string {
-	return func(k string) string { return env[k] }
 }
 
 // sendMessage posts one message and returns the status.
@@ -276,7 +257,7 @@ func TestRunUsage(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("-h: exit %d, want 0", code)
 	}
-	for _, want := range []string{"-withhold-mode", "STUB_WITHHOLD_MODE", "SMS_API_KEY", "(default 0.25)"} {
+	for _, want := range []string{"-withhold-mode", "STUB_WITHHOLD_MODE", "SMS_API_KEY", "(env STUB_FAIL_RATE, set, default 0)"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("usage lacks %q:\n%s", want, stderr)
 		}
@@ -398,20 +379,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	}
 }
 
-// syncBuffer is a goroutine-safe stderr.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "smsstub", bind) }

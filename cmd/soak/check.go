@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
@@ -358,9 +358,8 @@ func (s *soak) diagnose(ctx context.Context, res *result) {
 			break
 		}
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		cmd := exec.CommandContext(tctx, filepath.Join(s.cfg.binDir, "relay"), "trace", b.id.String())
-		cmd.Env = append(childEnviron(), "DATABASE_URL="+s.directURL, "NATS_URL="+s.broker.url(), "LOG_FORMAT=text")
-		out, err := cmd.CombinedOutput()
+		out, err := proc.Run(tctx, filepath.Join(s.cfg.binDir, "relay"), []string{"trace", b.id.String()},
+			[]string{"DATABASE_URL=" + s.directURL, "NATS_URL=" + s.broker.url(), "LOG_FORMAT=text"})
 		cancel()
 		path := filepath.Join(s.logDir, "trace-"+b.id.String()+".txt")
 		_ = os.WriteFile(path, out, 0o644)

@@ -187,22 +187,22 @@ func (s *soak) signalRestart(ctx context.Context, sl *slot, sig syscall.Signal) 
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	p := sl.cur.Load()
-	if p == nil || p.exited() {
+	if p == nil || p.Exited() {
 		return sl.name + " was not running", false, sl.startLocked(ctx, nil)
 	}
 	note := ""
 	if sig == syscall.SIGTERM {
-		if !p.stop(syscall.SIGTERM, 25*time.Second) {
+		if !p.Stop(syscall.SIGTERM, 25*time.Second) {
 			s.termUnclean.Add(1)
 			note = " (UNCLEAN: did not exit within 25s of SIGTERM, killed)"
 			s.logf("UNCLEAN: %s did not exit within 25s of SIGTERM; see %s.log", sl.name, sl.name)
-		} else if !p.state.Success() {
+		} else if p.Err() != nil {
 			s.termUnclean.Add(1)
-			note = fmt.Sprintf(" (UNCLEAN: %s)", p.status())
-			s.logf("UNCLEAN: %s ended %s after SIGTERM; see %s.log", sl.name, p.status(), sl.name)
+			note = fmt.Sprintf(" (UNCLEAN: %s)", p.Status())
+			s.logf("UNCLEAN: %s ended %s after SIGTERM; see %s.log", sl.name, p.Status(), sl.name)
 		}
 	} else {
-		p.stop(sig, 10*time.Second)
+		p.Stop(sig, 10*time.Second)
 	}
 	pause := s.uniform(200*time.Millisecond, 2*time.Second)
 	_ = sleepCtx(ctx, pause)
@@ -237,32 +237,32 @@ func (s *soak) crashPoint(ctx context.Context) (string, bool, error) {
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if p := sl.cur.Load(); p != nil && !p.exited() {
-		if !p.stop(syscall.SIGTERM, 25*time.Second) {
+	if p := sl.cur.Load(); p != nil && !p.Exited() {
+		if !p.Stop(syscall.SIGTERM, 25*time.Second) {
 			s.termUnclean.Add(1)
 			s.logf("UNCLEAN: %s did not exit within 25s of SIGTERM; see %s.log", sl.name, sl.name)
 		}
 	}
-	if err := sl.startLocked(ctx, []string{"SENDONCE_CRASHPOINTS=" + spec}); err != nil {
+	if err := sl.startLocked(ctx, []string{crashpoint.Env + "=" + spec}); err != nil {
 		return "", false, err
 	}
 	armed := sl.cur.Load()
 	hit := false
 	select {
-	case <-armed.done:
-		hit = armed.killedBy(syscall.SIGKILL)
+	case <-armed.Done():
+		hit = armed.KilledBy(syscall.SIGKILL)
 	case <-time.After(30 * time.Second):
 	case <-ctx.Done():
 	}
 	if !hit {
-		armed.stop(syscall.SIGTERM, 25*time.Second)
+		armed.Stop(syscall.SIGTERM, 25*time.Second)
 		s.cpMissed.Add(1)
 	}
 	if err := sl.startLocked(ctx, nil); err != nil {
 		return "", hit, err
 	}
 	if !hit {
-		return fmt.Sprintf("%s armed with %s did not die there (%s); restarted normally", sl.name, spec, armed.status()), false, nil
+		return fmt.Sprintf("%s armed with %s did not die there (%s); restarted normally", sl.name, spec, armed.Status()), false, nil
 	}
 	return fmt.Sprintf("%s died at %s, restarted", sl.name, spec), true, nil
 }

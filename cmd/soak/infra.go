@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sendonce/sendonce/internal/embednats"
+	"github.com/sendonce/sendonce/internal/proc"
 )
 
 // recreateDatabase drops the database named in dsn (closing its sessions)
@@ -53,11 +53,10 @@ func recreateDatabase(ctx context.Context, dsn string) error {
 func (s *soak) migrate(ctx context.Context) error {
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(mctx, filepath.Join(s.cfg.binDir, "relay"), "migrate")
-	cmd.Env = append(childEnviron(), "DATABASE_URL="+s.directURL, "LOG_FORMAT=text")
-	out, err := cmd.CombinedOutput()
+	out, err := proc.Run(mctx, filepath.Join(s.cfg.binDir, "relay"), []string{"migrate"},
+		[]string{"DATABASE_URL=" + s.directURL, "LOG_FORMAT=text"})
 	if err != nil {
-		return fmt.Errorf("relay migrate: %v\n%s", err, out)
+		return err
 	}
 	_ = os.WriteFile(filepath.Join(s.logDir, "migrate.log"), out, 0o644)
 	return nil

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 // txRows is how many rows one writer transaction enqueues.

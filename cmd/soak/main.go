@@ -39,21 +39,15 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/url"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/proc"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { proc.Main(run) }
 
 // config is the parsed command line.
 type config struct {
@@ -86,12 +80,10 @@ const (
 // maxRows bounds -rows: phone numbers are +1555 and 7 digits of the row index.
 const maxRows = 1_000_000
 
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
-	var c config
-	s := envflag.New("soak", getenv, stderr)
+func bind(s *envflag.Set, c *config) {
 	s.Int(&c.rows, "rows", "SOAK_ROWS", 100_000, 1, maxRows, "rows to push through the pipeline")
 	s.Int(&c.seed, "seed", "SOAK_SEED", 0, 0, math.MaxInt, "seed of the fault schedule; 0 picks one (printed at start)")
-	s.String(&c.binDir, "bin", "SOAK_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
+	s.String(&c.binDir, "bin", "SOAK_BIN", "bin/crash", "directory holding the relay, sender and smsstub binaries, built with -tags "+crashpoint.Tag)
 	s.String(&c.databaseURL, "database-url", "SOAK_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_soak?sslmode=disable",
 		"Postgres database for the soak: DROPPED and recreated at start (its name must contain \"soak\")")
 	s.URL(&c.databaseURL, "database-url", "postgres", "postgresql")
@@ -118,6 +110,12 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		}
 		return nil
 	})
+}
+
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	var c config
+	s := envflag.New("soak", getenv, stderr)
+	bind(s, &c)
 	err := s.Parse(args)
 	if err == nil && c.loadDuration == 0 {
 		c.loadDuration = autoLoadDuration(c.rows)

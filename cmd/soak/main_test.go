@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strings"
@@ -14,16 +13,17 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 func TestParseConfig(t *testing.T) {
 	env := map[string]string{}
-	getenv := func(k string) string { return env[k] }
+	getenv := testkit.EnvMap(env)
 	c, err := parseConfig([]string{"-rows", "5000", "-seed", "7"}, getenv, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.rows != 5000 || c.seed != 7 || c.loadDuration != time.Minute || c.binDir != "bin" {
+	if c.rows != 5000 || c.seed != 7 || c.loadDuration != time.Minute || c.binDir != "bin/crash" {
 		t.Fatalf("got %+v", c)
 	}
 	env["SOAK_ROWS"] = "100000"
@@ -84,35 +84,6 @@ func TestKindsForANonIdempotentProvider(t *testing.T) {
 	}
 }
 
-func TestStartWatcherFindsSplitMarker(t *testing.T) {
-	var out bytes.Buffer
-	started := make(chan struct{})
-	w := &startWatcher{w: &out, marker: []byte(`"msg":"relay started"`), started: started}
-	for _, chunk := range []string{`{"level":"INFO","msg":"rel`, `ay sta`, `rted","batch_size":500}` + "\n"} {
-		if _, err := w.Write([]byte(chunk)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-started:
-	default:
-		t.Fatal("marker split over three writes not found")
-	}
-	if !strings.Contains(out.String(), "relay started") {
-		t.Fatal("output not passed through")
-	}
-}
-
-func TestLineCatcher(t *testing.T) {
-	first := make(chan string, 1)
-	lc := &lineCatcher{w: io.Discard, first: first}
-	_, _ = lc.Write([]byte("smsstub listening on http://127."))
-	_, _ = lc.Write([]byte("0.0.1:9090\nmore\n"))
-	if got := <-first; got != "smsstub listening on http://127.0.0.1:9090" {
-		t.Fatalf("first line %q", got)
-	}
-}
-
 func TestHelpers(t *testing.T) {
 	if got, _ := hostPort("postgres://postgres@127.0.0.1/x", "5432"); got != "127.0.0.1:5432" {
 		t.Fatalf("hostPort: %s", got)
@@ -165,3 +136,6 @@ func TestLetteredRows(t *testing.T) {
 		t.Fatalf("lettered rows = %v, %v; want only %s", got, err, id)
 	}
 }
+
+// docs/configuration.md lists every setting, generated from bind (make docs).
+func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "soak", bind) }

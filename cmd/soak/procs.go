@@ -1,19 +1,19 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
 // slot is one long-lived role (relay-1, sender-2, ...): the process that
@@ -27,7 +27,7 @@ type slot struct {
 	logDir string
 
 	mu     sync.Mutex
-	cur    atomic.Pointer[proc]
+	cur    atomic.Pointer[proc.Process]
 	starts int
 }
 
@@ -35,94 +35,26 @@ func (s *soak) newSlot(name, bin string, env []string) *slot {
 	return &slot{s: s, name: name, bin: bin, env: env, logDir: s.logDir}
 }
 
-// proc is one incarnation of a slot's process.
-type proc struct {
-	cmd     *exec.Cmd
-	started chan struct{} // closed when the process logged that it started
-	done    chan struct{} // closed when the process exited
-	state   *os.ProcessState
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// killedBy reports whether the process was ended by sig.
-func (p *proc) killedBy(sig syscall.Signal) bool {
-	if p.state == nil {
-		return false
-	}
-	ws, ok := p.state.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled() && ws.Signal() == sig
-}
-
-// status describes how the process ended.
-func (p *proc) status() string {
-	if p.state == nil {
-		return "not ended"
-	}
-	return p.state.String()
-}
-
-// stop sends sig and waits up to bound for the exit, then kills the process.
-// It reports whether the process exited within bound.
-func (p *proc) stop(sig syscall.Signal, bound time.Duration) bool {
-	if p.exited() {
-		return true
-	}
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(bound):
-	}
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-	}
-	return false
-}
-
 // running reports whether the slot has a live process.
 func (sl *slot) running() bool {
 	p := sl.cur.Load()
-	return p != nil && !p.exited()
+	return p != nil && !p.Exited()
 }
 
 // spawn starts one incarnation; extra is added to the environment (crash
-// points). Its stdout and stderr are appended to the slot's log file.
-func (sl *slot) spawn(extra []string) (*proc, error) {
-	f, err := os.OpenFile(filepath.Join(sl.logDir, sl.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
+// points). Its output is appended to the slot's log file, after a line that
+// marks the incarnation.
+func (sl *slot) spawn(extra []string) (*proc.Process, error) {
+	path := filepath.Join(sl.logDir, sl.name+".log")
+	sl.starts++
+	mark := fmt.Sprintf("{\"soak\":\"start\",\"incarnation\":%d,\"time\":%q,\"extra_env\":%q}\n",
+		sl.starts, time.Now().Format(time.RFC3339Nano), strings.Join(extra, " "))
+	if err := appendFile(path, mark); err != nil {
 		return nil, err
 	}
-	sl.starts++
-	fmt.Fprintf(f, "{\"soak\":\"start\",\"incarnation\":%d,\"time\":%q,\"extra_env\":%q}\n",
-		sl.starts, time.Now().Format(time.RFC3339Nano), strings.Join(extra, " "))
-	p := &proc{started: make(chan struct{}), done: make(chan struct{})}
-	w := &startWatcher{w: f, marker: []byte(fmt.Sprintf(`"msg":"%s started"`, sl.bin)), started: p.started}
-	cmd := exec.Command(filepath.Join(sl.s.cfg.binDir, sl.bin))
-	cmd.Env = append(append(childEnviron(), sl.env...), extra...)
-	cmd.Stdout, cmd.Stderr = w, w
-	cmd.SysProcAttr = childAttrs()
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", sl.name, err)
-	}
-	p.cmd = cmd
-	go func() {
-		_ = cmd.Wait()
-		p.state = cmd.ProcessState
-		f.Close()
-		close(p.done)
-	}()
-	return p, nil
+	return proc.Start(proc.Spec{Name: sl.name, Path: filepath.Join(sl.s.cfg.binDir, sl.bin),
+		Env: append(sl.env[:len(sl.env):len(sl.env)], extra...), LogFile: path,
+		ReadyMsg: sl.bin + " started", Group: true})
 }
 
 // startLocked starts the slot's process and waits until it logged that it
@@ -136,18 +68,18 @@ func (sl *slot) startLocked(ctx context.Context, extra []string) error {
 			return err
 		}
 		sl.cur.Store(p)
-		select {
-		case <-p.started:
+		_, err = p.Ready(ctx, 30*time.Second)
+		switch {
+		case err == nil:
 			return nil
-		case <-time.After(30 * time.Second):
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !p.Exited():
 			sl.s.logf("%s: no start-up line within 30s; going on", sl.name)
 			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-p.done:
 		}
 		sl.s.unexpected.Add(1)
-		sl.s.logf("%s exited during start-up (%s, try %d of %d); see %s.log", sl.name, p.status(), try, tries, sl.name)
+		sl.s.logf("%s exited during start-up (%s, try %d of %d); see %s.log", sl.name, p.Status(), try, tries, sl.name)
 		if try == tries {
 			return fmt.Errorf("%s does not start", sl.name)
 		}
@@ -175,9 +107,9 @@ func (s *soak) watchdog(ctx context.Context) {
 			if !sl.mu.TryLock() {
 				continue
 			}
-			if p := sl.cur.Load(); p != nil && p.exited() {
+			if p := sl.cur.Load(); p != nil && p.Exited() {
 				s.unexpected.Add(1)
-				s.logf("UNEXPECTED: %s exited on its own (%s); restarting it; see %s.log", sl.name, p.status(), sl.name)
+				s.logf("UNEXPECTED: %s exited on its own (%s); restarting it; see %s.log", sl.name, p.Status(), sl.name)
 				if err := sl.startLocked(ctx, nil); err != nil {
 					s.logf("restart %s: %v", sl.name, err)
 				}
@@ -187,142 +119,43 @@ func (s *soak) watchdog(ctx context.Context) {
 	}
 }
 
-// startWatcher passes a process's output to w and closes started once a
-// line contains marker.
-type startWatcher struct {
-	w       io.Writer
-	marker  []byte
-	started chan struct{}
-	seen    bool
-	tail    []byte
-}
-
-// Write implements io.Writer.
-func (sw *startWatcher) Write(b []byte) (int, error) {
-	if !sw.seen {
-		// Look at what is left of the previous write too, so that a marker
-		// split between two writes is found.
-		buf := append(sw.tail, b...)
-		if bytes.Contains(buf, sw.marker) {
-			sw.seen = true
-			close(sw.started)
-			sw.tail = nil
-		} else {
-			keep := min(len(buf), len(sw.marker))
-			sw.tail = append([]byte(nil), buf[len(buf)-keep:]...)
-		}
-	}
-	return sw.w.Write(b)
-}
-
-// childEnviron is this process's environment without the variables that
-// would change what a child does behind the soak's back.
-func childEnviron() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "SENDONCE_CRASHPOINTS=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
-// childAttrs puts a child in its own process group (a terminal's Ctrl-C
-// reaches only the soak, which stops the children in order) and kills it if
-// the soak dies.
-func childAttrs() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
-
 // stubProc is the provider stub's process.
 type stubProc struct {
-	cmd  *exec.Cmd
-	url  string
-	done chan struct{}
+	*proc.Process
+	url string
 }
 
-// startStub starts bin/smsstub on a free port and reads its URL from the
-// line it prints once listening.
+// startStub starts the smsstub binary on a free port and reads its URL from
+// the line it prints once listening.
 func startStub(ctx context.Context, binDir, logDir, apiKey string, ignoreKeys bool) (*stubProc, error) {
-	f, err := os.Create(filepath.Join(logDir, "smsstub.log"))
-	if err != nil {
-		return nil, err
-	}
 	args := []string{"-addr", "127.0.0.1:0"}
 	if ignoreKeys {
 		args = append(args, "-ignore-keys")
 	}
-	cmd := exec.Command(filepath.Join(binDir, "smsstub"), args...)
-	cmd.Env = append(childEnviron(), "SMS_API_KEY="+apiKey)
-	first := make(chan string, 1)
-	cmd.Stdout = &lineCatcher{w: f, first: first}
-	cmd.Stderr = f
-	cmd.SysProcAttr = childAttrs()
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start smsstub: %w", err)
+	p, err := proc.Start(proc.Spec{Name: "smsstub", Path: filepath.Join(binDir, "smsstub"), Args: args,
+		Env: []string{"SMS_API_KEY=" + apiKey}, LogFile: filepath.Join(logDir, "smsstub.log"), Group: true})
+	if err != nil {
+		return nil, err
 	}
-	sp := &stubProc{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		f.Close()
-		close(sp.done)
-	}()
-	var line string
-	select {
-	case line = <-first:
-	case <-sp.done:
-		return nil, errors.New("smsstub exited before printing its address; see smsstub.log")
-	case <-time.After(10 * time.Second):
-		sp.stop()
-		return nil, errors.New("smsstub printed no address within 10s")
-	case <-ctx.Done():
-		sp.stop()
-		return nil, ctx.Err()
+	url, err := p.Announced(ctx, smsstub.Announcement, 10*time.Second)
+	if err != nil {
+		p.Stop(syscall.SIGTERM, 15*time.Second)
+		return nil, fmt.Errorf("%w; see smsstub.log", err)
 	}
-	u, ok := strings.CutPrefix(line, "smsstub listening on ")
-	if !ok {
-		sp.stop()
-		return nil, fmt.Errorf("smsstub printed %q", line)
-	}
-	sp.url = strings.TrimSpace(u)
-	return sp, nil
-}
-
-// lineCatcher passes output to w and sends its first line to first.
-type lineCatcher struct {
-	w     io.Writer
-	first chan<- string
-	buf   []byte
-	sent  bool
-}
-
-// Write implements io.Writer.
-func (lc *lineCatcher) Write(b []byte) (int, error) {
-	if !lc.sent {
-		lc.buf = append(lc.buf, b...)
-		if i := bytes.IndexByte(lc.buf, '\n'); i >= 0 {
-			lc.first <- string(lc.buf[:i])
-			lc.sent, lc.buf = true, nil
-		}
-	}
-	return lc.w.Write(b)
+	return &stubProc{Process: p, url: url}, nil
 }
 
 // stop ends the stub with SIGTERM, SIGKILL after 15s.
-func (sp *stubProc) stop() {
-	_ = sp.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-sp.done:
-		return
-	case <-time.After(15 * time.Second):
+func (sp *stubProc) stop() { sp.Stop(syscall.SIGTERM, 15*time.Second) }
+
+// appendFile appends text to the file at path, creating it if missing.
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
 	}
-	_ = sp.cmd.Process.Kill()
-	select {
-	case <-sp.done:
-	case <-time.After(10 * time.Second):
-	}
+	_, err = f.WriteString(text)
+	return errors.Join(err, f.Close())
 }
 
 // sleepCtx sleeps for d or until ctx is done.

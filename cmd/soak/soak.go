@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"debug/buildinfo"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
@@ -98,10 +101,8 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		s.logFile = f
 		s.outMu.Unlock()
 	}
-	for _, b := range []string{"relay", "sender", "smsstub"} {
-		if _, err := os.Stat(filepath.Join(s.cfg.binDir, b)); err != nil {
-			return false, fmt.Errorf("binary %s not found in %s (run make build): %w", b, s.cfg.binDir, err)
-		}
+	if err := checkBinaries(s.cfg.binDir); err != nil {
+		return false, err
 	}
 	s.logf("seed %d; rows %d over %s; a fault every %s-%s; %s provider (faults: %s); logs in %s",
 		s.cfg.seed, s.cfg.rows, s.cfg.loadDuration, s.cfg.faultInterval/3, s.cfg.faultInterval, s.cfg.provider,
@@ -280,8 +281,8 @@ func (s *soak) cleanup(failed bool) {
 		wg.Go(func() {
 			sl.mu.Lock()
 			defer sl.mu.Unlock()
-			if p := sl.cur.Load(); p != nil && !p.exited() {
-				if !p.stop(syscall.SIGTERM, 20*time.Second) {
+			if p := sl.cur.Load(); p != nil && !p.Exited() {
+				if !p.Stop(syscall.SIGTERM, 20*time.Second) {
 					s.logf("%s did not stop within 20s of SIGTERM; killed", sl.name)
 				}
 			}
@@ -333,4 +334,30 @@ func hostPort(raw, defPort string) (string, error) {
 		host = "127.0.0.1"
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// checkBinaries makes sure the relay and the sender in binDir were built
+// with the crash points compiled in (a default build ignores the variable,
+// and the crashpoint fault would prove nothing), and the stub is there.
+func checkBinaries(binDir string) error {
+	for _, b := range []string{"relay", "sender", "smsstub"} {
+		path := filepath.Join(binDir, b)
+		info, err := buildinfo.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("binary %s in %s (run make soak, which builds them): %w", b, binDir, err)
+		}
+		if b == "smsstub" {
+			continue
+		}
+		tagged := false
+		for _, s := range info.Settings {
+			if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), crashpoint.Tag) {
+				tagged = true
+			}
+		}
+		if !tagged {
+			return fmt.Errorf("%s was built without -tags %s, so its crash points do nothing (make soak builds tagged binaries into bin/crash)", path, crashpoint.Tag)
+		}
+	}
+	return nil
 }

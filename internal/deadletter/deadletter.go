@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -84,10 +85,10 @@ type Publisher struct {
 func (p Publisher) Publish(ctx context.Context, l Letter) (uint64, error) {
 	subject, stream := p.Subject, p.Stream
 	if subject == "" {
-		subject = "sms.dlq"
+		subject = streams.SubjectDeadLetter
 	}
 	if stream == "" {
-		stream = "SMS_DLQ"
+		stream = streams.DeadLetterStream
 	}
 	timeout := p.Timeout
 	if timeout <= 0 {
@@ -138,7 +139,7 @@ func (f Filter) keep(l Letter) bool {
 // stream order, with an ordered consumer that leaves no state behind.
 func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) ([]Letter, error) {
 	if stream == "" {
-		stream = "SMS_DLQ"
+		stream = streams.DeadLetterStream
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {

@@ -28,6 +28,27 @@ type Set struct {
 	// it, never a value from the environment, which may hold a credential
 	// (a password in DATABASE_URL).
 	builtin map[string]string
+	secret  map[string]bool
+	order   []string // flags bound with a variable, in binding order
+	intro   string
+	name    string
+	output  io.Writer
+}
+
+// Setting describes one setting, for usage and for the generated
+// documentation.
+type Setting struct {
+	// Flag is the flag's name, without the dash.
+	Flag string
+	// Env is the environment variable; empty for a flag without one.
+	Env string
+	// Default is the value when neither is set, as usage prints it.
+	Default string
+	// Usage says what the setting does.
+	Usage string
+	// Secret settings may also be read from the file named by Env_FILE,
+	// and their values are never printed.
+	Secret bool
 }
 
 // New returns a Set for the program name. getenv is os.Getenv in main and a
@@ -35,35 +56,86 @@ type Set struct {
 func New(name string, getenv func(string) string, output io.Writer) *Set {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(output)
-	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}, builtin: map[string]string{}}
+	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}, builtin: map[string]string{}, secret: map[string]bool{},
+		name: name, output: output}
 	fs.Usage = func() {
-		fmt.Fprintf(output, "Usage of %s (flags override environment variables):\n", name)
-		fs.VisitAll(func(f *flag.Flag) {
-			env := s.byFlag[f.Name]
-			def, ok := s.builtin[f.Name]
-			if !ok {
-				def = f.DefValue // bound on FlagSet() directly
+		if s.intro != "" {
+			fmt.Fprintln(output, strings.TrimRight(s.intro, "\n"))
+			fmt.Fprintln(output)
+		}
+		fmt.Fprintf(output, "Settings of %s (flags override environment variables):\n", name)
+		for _, st := range s.Settings() {
+			env, def := st.Env, st.Default
+			if st.Secret {
+				st.Usage += fileNote(st.Env)
 			}
 			if def == "" {
 				def = `""`
 			}
-			if env != "" && (s.getenv(env) != "" || s.getenv(env+"_FILE") != "") {
+			if env == "" {
+				fmt.Fprintf(output, "  -%s  (default %s)\n      %s\n", st.Flag, def, st.Usage)
+				continue
+			}
+			if s.getenv(env) != "" || s.getenv(env+"_FILE") != "" {
 				env += ", set"
 			}
-			fmt.Fprintf(output, "  -%s  (env %s, default %s)\n      %s\n", f.Name, env, def, f.Usage)
-		})
+			fmt.Fprintf(output, "  -%s  (env %s, default %s)\n      %s\n", st.Flag, env, def, st.Usage)
+		}
 	}
 	return s
+}
+
+// Intro sets the text -h prints before the settings: what the program
+// does, its subcommands.
+func (s *Set) Intro(text string) { s.intro = text }
+
+// Settings returns every setting: those bound with a variable in the order
+// they were bound, then flags bound on FlagSet directly, by name.
+func (s *Set) Settings() []Setting {
+	var out []Setting
+	for _, name := range s.order {
+		f := s.fs.Lookup(name)
+		st := Setting{Flag: name, Env: s.byFlag[name], Default: s.builtin[name], Usage: f.Usage, Secret: s.secret[name]}
+		if st.Secret {
+			st.Usage = strings.TrimSuffix(st.Usage, fileNote(st.Env))
+		}
+		out = append(out, st)
+	}
+	s.fs.VisitAll(func(f *flag.Flag) {
+		if _, bound := s.byFlag[f.Name]; !bound {
+			out = append(out, Setting{Flag: f.Name, Default: f.DefValue, Usage: f.Usage})
+		}
+	})
+	return out
 }
 
 // FlagSet returns the underlying flag set.
 func (s *Set) FlagSet() *flag.FlagSet { return s.fs }
 
 func (s *Set) env(name, env string, def any) (string, bool) {
+	if _, dup := s.byFlag[name]; !dup {
+		s.order = append(s.order, name)
+	}
 	s.byFlag[name] = env
-	s.builtin[name] = fmt.Sprint(def)
+	s.builtin[name] = format(def)
 	v := s.getenv(env)
 	return v, v != ""
+}
+
+// format writes a default as a user would type it: durations without
+// their zero tails ("2m", not "2m0s").
+func format(def any) string {
+	if d, ok := def.(time.Duration); ok {
+		t := d.String()
+		if strings.HasSuffix(t, "m0s") {
+			t = strings.TrimSuffix(t, "0s")
+		}
+		if strings.HasSuffix(t, "h0m") {
+			t = strings.TrimSuffix(t, "0m")
+		}
+		return t
+	}
+	return fmt.Sprint(def)
 }
 
 func (s *Set) fail(env string, raw string, err error) {
@@ -82,6 +154,7 @@ func (s *Set) String(p *string, name, env, def, usage string) {
 // ENV_FILE (trailing newlines trimmed). Its value is never printed.
 func (s *Set) Secret(p *string, name, env, usage string) {
 	v, _ := s.env(name, env, "")
+	s.secret[name] = true
 	if path := s.getenv(env + "_FILE"); path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -93,8 +166,11 @@ func (s *Set) Secret(p *string, name, env, usage string) {
 		}
 	}
 	*p = v
-	s.fs.Func(name, usage+" (also "+env+"_FILE)", func(x string) error { *p = x; return nil })
+	s.fs.Func(name, usage+fileNote(env), func(x string) error { *p = x; return nil })
 }
+
+// fileNote is what a secret's usage says of its file variable.
+func fileNote(env string) string { return " (also " + env + "_FILE)" }
 
 // Int binds an integer setting within [lo, hi].
 func (s *Set) Int(p *int, name, env string, def, lo, hi int, usage string) {
@@ -230,4 +306,20 @@ func (s *Set) Parse(args []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Command parses args as Parse does, the way a program's main wants it:
+// stop reports that the program must end now with exit status exit, 0
+// after -h and 2 after a bad setting, which it prints to the Set's output
+// as "<name>: configuration: <error>".
+func (s *Set) Command(args []string) (exit int, stop bool) {
+	err := s.Parse(args)
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		return 0, true
+	}
+	fmt.Fprintf(s.output, "%s: configuration: %v\n", s.name, err)
+	return 2, true
 }

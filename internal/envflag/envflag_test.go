@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 // config is a program's settings, bound the way cmd/ binds them.
@@ -27,7 +29,7 @@ type config struct {
 func setup(t *testing.T, env map[string]string) (*envflag.Set, *config, *bytes.Buffer) {
 	t.Helper()
 	var out bytes.Buffer
-	s := envflag.New("prog", func(k string) string { return env[k] }, &out)
+	s := envflag.New("prog", testkit.EnvMap(env), &out)
 	c := &config{}
 	s.String(&c.dbURL, "database-url", "DATABASE_URL", "", "Postgres URL")
 	s.Required(&c.dbURL, "database-url")
@@ -323,5 +325,93 @@ func TestFlagSet(t *testing.T) {
 	}
 	if fs.Lookup("workers") == nil {
 		t.Error("FlagSet has no -workers")
+	}
+}
+
+// Settings lists what was bound, in binding order, with flags bound on the
+// FlagSet directly last; usage and the generated docs are built from it.
+func TestSettings(t *testing.T) {
+	t.Parallel()
+	s, _, out := setup(t, base("WORKERS", "16"))
+	var n int
+	s.FlagSet().IntVar(&n, "down", 0, "revert this many")
+	s.Intro("prog does things.\n\n  prog sub   a subcommand\n")
+	var names []string
+	for _, st := range s.Settings() {
+		names = append(names, st.Flag)
+	}
+	want := "database-url nats-url mode api-key workers ratio timeout verbose down"
+	if got := strings.Join(names, " "); got != want {
+		t.Fatalf("Settings order %q, want %q", got, want)
+	}
+	md := envflag.Markdown(s.Settings())
+	for _, row := range []string{
+		"| `API_KEY` or `API_KEY_FILE` | `-api-key` |  | provider API key |\n",
+		"| `WORKERS` | `-workers` | `8` | worker count |\n", // the built-in default, not the environment's
+		"|  | `-down` | `0` | revert this many |\n",
+	} {
+		if !strings.Contains(md, row) {
+			t.Errorf("markdown lacks %q:\n%s", row, md)
+		}
+	}
+	if err := s.Parse([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	if usage := out.String(); !strings.HasPrefix(usage, "prog does things.\n\n  prog sub   a subcommand\n\n") || !strings.Contains(usage, "-down  (default 0)") {
+		t.Errorf("usage:\n%s", usage)
+	}
+}
+
+func TestSections(t *testing.T) {
+	t.Parallel()
+	doc := "# Configuration\n\n" + envflag.SectionStart("relay") + "\nold table\n" + envflag.SectionEnd("relay") + "\n\ntext after\n"
+	if body, ok := envflag.Section(doc, "relay"); !ok || body != "old table\n" {
+		t.Fatalf("Section = %q, %v", body, ok)
+	}
+	out, ok := envflag.ReplaceSection(doc, "relay", "new table\n")
+	if !ok || out != strings.Replace(doc, "old table", "new table", 1) {
+		t.Fatalf("ReplaceSection = %q, %v", out, ok)
+	}
+	if _, ok := envflag.Section(doc, "sender"); ok {
+		t.Fatal("found a section that is not there")
+	}
+	if _, ok := envflag.ReplaceSection(doc, "sender", "x"); ok {
+		t.Fatal("replaced a section that is not there")
+	}
+}
+
+func TestCommand(t *testing.T) {
+	t.Parallel()
+	s, _, out := setup(t, base())
+	if code, stop := s.Command(nil); stop || code != 0 {
+		t.Fatalf("good settings: exit %d, stop %v", code, stop)
+	}
+	s, _, out = setup(t, base())
+	if code, stop := s.Command([]string{"-h"}); !stop || code != 0 {
+		t.Fatalf("-h: exit %d, stop %v", code, stop)
+	}
+	s, _, out = setup(t, base("WORKERS", "0"))
+	if code, stop := s.Command(nil); !stop || code != 2 || !strings.Contains(out.String(), "prog: configuration: -workers / WORKERS = 0") {
+		t.Fatalf("bad setting: exit %d, stop %v, output %q", code, stop, out)
+	}
+}
+
+func TestDurationDefaultsAsTyped(t *testing.T) {
+	t.Parallel()
+	s := envflag.New("prog", testkit.EnvMap(nil), io.Discard)
+	var a, b, c, d time.Duration
+	s.Duration(&a, "a", "A", 2*time.Minute, 0, time.Hour, "")
+	s.Duration(&b, "b", "B", 168*time.Hour, 0, 1000*time.Hour, "")
+	s.Duration(&c, "c", "C", 90*time.Second, 0, time.Hour, "")
+	s.Duration(&d, "d", "D", 500*time.Millisecond, 0, time.Hour, "")
+	var got []string
+	for _, st := range s.Settings() {
+		got = append(got, st.Default)
+	}
+	if strings.Join(got, " ") != "2m 168h 1m30s 500ms" {
+		t.Fatalf("defaults %q", got)
+	}
+	if err := s.Parse([]string{"-a", got[0], "-b", got[1]}); err != nil || a != 2*time.Minute || b != 168*time.Hour {
+		t.Fatalf("the printed defaults do not parse back: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 // FuzzParse feeds arbitrary environment values and arguments to a set with
@@ -19,7 +20,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("99999999999999999999", "1e400", "9223372036854775807ns", "1", "text", "nats://", "-bogus")
 	f.Fuzz(func(t *testing.T, n, fl, d, b, enum, url, arg string) {
 		env := map[string]string{"N": n, "F": fl, "D": d, "B": b, "E": enum, "U": url}
-		s := envflag.New("fuzz", func(k string) string { return env[k] }, io.Discard)
+		s := envflag.New("fuzz", testkit.EnvMap(env), io.Discard)
 		var (
 			ni   int
 			ff   float64

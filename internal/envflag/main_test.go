@@ -3,9 +3,7 @@ package envflag_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { testkit.Main(m) }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	app "github.com/sendonce/sendonce/outbox"
 )
 
 func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
@@ -47,9 +48,9 @@ func write(t *testing.T, pool *pgxpool.Pool, again bool, rs ...outbox.Result) ma
 	return written
 }
 
-func status(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) outbox.MessageStatus {
+func status(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) app.MessageStatus {
 	t.Helper()
-	st, err := outbox.Status(context.Background(), pool, id)
+	st, err := app.Status(context.Background(), pool, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,7 +180,7 @@ func FuzzScrub(f *testing.F) {
 
 // FuzzClassifyBody feeds any status and body to the classifier, as Send
 // would after reading at most MaxResponseBytes+1 bytes, and checks the
-// outcome against DESIGN 5.
+// outcome against the failure classification of docs/design.md.
 func FuzzClassifyBody(f *testing.F) {
 	seeds := []struct {
 		status int

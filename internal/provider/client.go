@@ -42,7 +42,7 @@ type Message struct {
 	Body string
 }
 
-// Config configures a generic provider client (DESIGN 4.4).
+// Config configures a generic provider client (the generic API of docs/design.md).
 type Config struct {
 	// BaseURL is the provider's base URL; POSTs go to BaseURL/v1/messages.
 	// Required.
@@ -189,7 +189,7 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	return o
 }
 
-// genericRequest builds the request of DESIGN 4.4: JSON, and the key in
+// genericRequest builds the generic API request (docs/design.md): JSON, and the key in
 // Idempotency-Key.
 func (c *Client) genericRequest(ctx context.Context, m Message) (*http.Request, error) {
 	body, err := json.Marshal(struct {

@@ -11,7 +11,7 @@ import (
 // Kind is the class of an attempt's outcome.
 type Kind int
 
-// The outcome classes (DESIGN 5).
+// The outcome classes (docs/design.md, failure classification).
 const (
 	// Sent: the provider accepted the message; Ref is its id.
 	Sent Kind = iota + 1

@@ -15,6 +15,13 @@ import (
 	"github.com/sendonce/sendonce/internal/outbox"
 )
 
+// Defaults of RetentionConfig, also the defaults of the relay command's
+// OUTBOX_RETENTION and RETENTION_INTERVAL.
+const (
+	DefaultRetentionAge      = 7 * 24 * time.Hour
+	DefaultRetentionInterval = time.Minute
+)
+
 // RetentionConfig configures a Retention.
 type RetentionConfig struct {
 	// Pool is required.
@@ -45,11 +52,11 @@ type Retention struct {
 
 // NewRetention returns a Retention, or an error naming the bad setting.
 func NewRetention(cfg RetentionConfig) (*Retention, error) {
-	cfg.Age = cmp.Or(cfg.Age, 7*24*time.Hour)
-	cfg.Interval = cmp.Or(cfg.Interval, time.Minute)
+	cfg.Age = cmp.Or(cfg.Age, DefaultRetentionAge)
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultRetentionInterval)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, 1000)
 	cfg.Pause = cmp.Or(cfg.Pause, 50*time.Millisecond)
-	cfg.DBTimeout = cmp.Or(cfg.DBTimeout, 10*time.Second)
+	cfg.DBTimeout = cmp.Or(cfg.DBTimeout, outbox.DefaultDBTimeout)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

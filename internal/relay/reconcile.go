@@ -16,6 +16,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -61,9 +62,9 @@ type Reconciler struct {
 
 // NewReconciler returns a Reconciler, or an error naming the bad setting.
 func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
-	cfg.Subject = cmp.Or(cfg.Subject, "sms.send")
-	cfg.Stream = cmp.Or(cfg.Stream, "SMS")
-	cfg.Consumer = cmp.Or(cfg.Consumer, "senders")
+	cfg.Subject = cmp.Or(cfg.Subject, streams.SubjectSend)
+	cfg.Stream = cmp.Or(cfg.Stream, streams.Stream)
+	cfg.Consumer = cmp.Or(cfg.Consumer, streams.Consumer)
 	cfg.Interval = cmp.Or(cfg.Interval, 30*time.Second)
 	cfg.Grace = cmp.Or(cfg.Grace, 2*time.Minute)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, 100)

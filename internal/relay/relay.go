@@ -29,11 +29,21 @@ import (
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
 // Channel is the LISTEN/NOTIFY channel the outbox insert trigger notifies.
 const Channel = "sms_outbox"
+
+// Defaults of Config, also the defaults of the relay command's settings.
+const (
+	DefaultBatchSize     = 500
+	DefaultWorkers       = 2
+	DefaultPublishWindow = 1024
+	DefaultPollInterval  = time.Second
+	DefaultAckTimeout    = 10 * time.Second
+)
 
 // Config configures a Relay.
 type Config struct {
@@ -41,9 +51,10 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// JetStream publishes; required.
 	JetStream jetstream.JetStream
-	// Subject to publish to; default "sms.send".
+	// Subject to publish to; default streams.SubjectSend.
 	Subject string
-	// Stream the subject belongs to; publications expect it. Default "SMS".
+	// Stream the subject belongs to; publications expect it. Default
+	// streams.Stream.
 	Stream string
 	// BatchSize is the most rows claimed per transaction; default 500.
 	BatchSize int
@@ -70,14 +81,14 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	c.Subject = cmp.Or(c.Subject, "sms.send")
-	c.Stream = cmp.Or(c.Stream, "SMS")
-	c.BatchSize = cmp.Or(c.BatchSize, 500)
-	c.Workers = cmp.Or(c.Workers, 2)
-	c.PublishWindow = cmp.Or(c.PublishWindow, 1024)
-	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
-	c.AckTimeout = cmp.Or(c.AckTimeout, 10*time.Second)
-	c.DBTimeout = cmp.Or(c.DBTimeout, 10*time.Second)
+	c.Subject = cmp.Or(c.Subject, streams.SubjectSend)
+	c.Stream = cmp.Or(c.Stream, streams.Stream)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.PublishWindow = cmp.Or(c.PublishWindow, DefaultPublishWindow)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
+	c.DBTimeout = cmp.Or(c.DBTimeout, outbox.DefaultDBTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -17,11 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 type env struct {
@@ -93,17 +94,6 @@ func (e *env) countStatus(t *testing.T, status outbox.State) int {
 	return n
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // streamIDs returns the row ids of every message in the SMS stream, with
 // their counts.
 func (e *env) streamIDs(t *testing.T) map[uuid.UUID]int {
@@ -157,7 +147,7 @@ func TestRelayPublishesEveryRowOnce(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	run(t, e.newRelay(t, relay.Config{BatchSize: 100, PublishWindow: 16, Registerer: reg}))
 	ids := e.insert(t, 1000)
-	waitFor(t, 30*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	testkit.WaitFor(t, 30*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
 	got := e.streamIDs(t)
 	if len(got) != len(ids) {
 		t.Fatalf("stream holds %d distinct ids, want %d", len(got), len(ids))
@@ -177,7 +167,7 @@ func TestTwoRelaysPublishEachRowOnce(t *testing.T) {
 	run(t, e.newRelay(t, relay.Config{BatchSize: 50, Workers: 4}))
 	more := e.insert(t, 1000) // and while they run
 	ids = append(ids, more...)
-	waitFor(t, 60*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	testkit.WaitFor(t, 60*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
 	got := e.streamIDs(t)
 	total := 0
 	for _, n := range got {
@@ -216,7 +206,7 @@ func TestCrashBetweenPubAckAndQueuedWrite(t *testing.T) {
 
 	// A relay restarted after the crash finishes the job.
 	run(t, e.newRelay(t, relay.Config{BatchSize: 100}))
-	waitFor(t, 30*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	testkit.WaitFor(t, 30*time.Second, "all rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
 	got := e.streamIDs(t)
 	for _, id := range ids {
 		if got[id] != 1 {
@@ -235,12 +225,12 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 	e := setup(t)
 	run(t, e.newRelay(t, relay.Config{BatchSize: 100, AckTimeout: time.Second}))
 	first := e.insert(t, 200)
-	waitFor(t, 30*time.Second, "first rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(first) })
+	testkit.WaitFor(t, 30*time.Second, "first rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(first) })
 	e.nats.Stop()
 	second := e.insert(t, 200)
 	time.Sleep(300 * time.Millisecond) // let the relay fail against the dead broker
 	e.nats.Restart()
-	waitFor(t, 60*time.Second, "rows written during the outage queued", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "rows written during the outage queued", func() bool {
 		return e.countStatus(t, outbox.StatusQueued) == len(first)+len(second)
 	})
 	got := e.streamIDs(t)
@@ -256,7 +246,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	run(t, e.newRelay(t, relay.Config{PollInterval: time.Hour}))
-	waitFor(t, 20*time.Second, "the relay to LISTEN", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the relay to LISTEN", func() bool {
 		var n int
 		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND query = 'LISTEN sms_outbox'`).Scan(&n)
@@ -264,9 +254,9 @@ func TestNotifyWakesRelay(t *testing.T) {
 	})
 	// Let the relay's first (empty) batch and its wake-on-connect pass, so
 	// only a notification can move the next row.
-	waitFor(t, 20*time.Second, "an idle relay", func() bool { return e.countStatus(t, outbox.StatusPending) == 0 })
+	testkit.WaitFor(t, 20*time.Second, "an idle relay", func() bool { return e.countStatus(t, outbox.StatusPending) == 0 })
 	ids := e.insert(t, 1)
-	waitFor(t, 20*time.Second, "row queued without polling", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	testkit.WaitFor(t, 20*time.Second, "row queued without polling", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
 }
 
 func TestConfigValidation(t *testing.T) {

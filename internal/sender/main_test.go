@@ -3,9 +3,8 @@ package sender_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+// TestMain fails the package if a test leaks a goroutine.
+func TestMain(m *testing.M) { testkit.Main(m) }

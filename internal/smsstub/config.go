@@ -274,3 +274,7 @@ func (d *jsonDuration) UnmarshalJSON(data []byte) error {
 	*d = jsonDuration(n)
 	return nil
 }
+
+// Announcement starts the one line the smsstub command prints on stdout once
+// it listens; the stub's base URL follows it.
+const Announcement = "smsstub listening on "

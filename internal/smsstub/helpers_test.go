@@ -4,36 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/sendonce/sendonce/internal/testkit"
 )
-
-// TestMain fails the package if a test leaks a goroutine, such as a
-// withheld handler that was never released.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	// The admin client helpers use http.DefaultClient; its idle keep-alive
-	// connections are not leaks.
-	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
 
 // testStub is a Server behind a real HTTP listener.
 type testStub struct {
@@ -154,19 +136,6 @@ func wantError(t *testing.T, r result, status, code int, message string) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after a generous
-// deadline. It asserts on state, never on elapsed time.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // fakeClock is a settable Config.Now.
 type fakeClock struct {
 	mu sync.Mutex
@@ -187,24 +156,6 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // getRaw GETs url and returns the body, failing the test unless it is 200.
@@ -229,3 +180,7 @@ func getRaw(t *testing.T, url string) string {
 func keysOf[V any](m map[string]V) string {
 	return strings.Join(slices.Sorted(maps.Keys(m)), ",")
 }
+
+// TestMain fails the package if a test leaks a goroutine, such as a
+// withheld handler that was never released.
+func TestMain(m *testing.M) { testkit.Main(m) }

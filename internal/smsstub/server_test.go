@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/testkit"
 )
 
 const (
@@ -176,7 +178,7 @@ func TestInFlightKey(t *testing.T) {
 		_, err := post(ctx, s.client, s.url, "k1", body)
 		firstErr <- err
 	}()
-	waitFor(t, "first request in flight", func() bool { return s.Stats().Requests == 1 })
+	testkit.WaitFor(t, 10*time.Second, "first request in flight", func() bool { return s.Stats().Requests == 1 })
 
 	wantError(t, s.send(t, "k1", body), http.StatusConflict, http.StatusConflict,
 		"a request with this Idempotency-Key is in progress")
@@ -189,7 +191,7 @@ func TestInFlightKey(t *testing.T) {
 	if err := <-firstErr; !errors.Is(err, context.Canceled) {
 		t.Fatalf("first request: %v, want context.Canceled", err)
 	}
-	waitFor(t, "abandoned key to be released", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "abandoned key to be released", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		_, ok := s.entries["k1"]
@@ -527,7 +529,7 @@ func TestWithholdHang(t *testing.T) {
 		_, err := post(ctx, s.client, s.url, "k1", body)
 		errc <- err
 	}()
-	waitFor(t, "request to be withheld", func() bool { return s.Stats().Withheld == 1 })
+	testkit.WaitFor(t, 10*time.Second, "request to be withheld", func() bool { return s.Stats().Withheld == 1 })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("withheld request: %v, want the client to have given up", err)
@@ -559,7 +561,7 @@ func TestCloseReleasesWithheld(t *testing.T) {
 		_, err := post(context.Background(), s.client, s.url, "k1", body)
 		errc <- err
 	}()
-	waitFor(t, "request to be withheld", func() bool { return s.Stats().Withheld == 1 })
+	testkit.WaitFor(t, 10*time.Second, "request to be withheld", func() bool { return s.Stats().Withheld == 1 })
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -865,7 +867,7 @@ func TestSeedIsReproducible(t *testing.T) {
 // checks that no number, text, key or API key reaches the log.
 func TestLogsCarryNoSecrets(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testkit.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s := newStub(t, Config{APIKey: "api-key-sekret", Logger: logger})
 	auth := withHeader("Authorization", "Bearer api-key-sekret")

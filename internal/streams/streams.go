@@ -22,7 +22,8 @@ import (
 	"github.com/sendonce/sendonce"
 )
 
-// Names every component agrees on (DESIGN 4.3).
+// Names every component agrees on (docs/design.md, "Subjects, streams and
+// messages").
 const (
 	// Stream is the work stream the relay publishes to.
 	Stream = "SMS"

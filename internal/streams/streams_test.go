@@ -25,7 +25,7 @@ func TestDefaultTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// DESIGN 4.3: Limits retention (WorkQueue forgets its dedup state on a
+	// docs/design.md: Limits retention (WorkQueue forgets its dedup state on a
 	// restart), a Duplicates window longer than the 2 min default, and one
 	// within MaxAge.
 	if sms.Retention != jetstream.LimitsPolicy {

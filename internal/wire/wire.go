@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// Dead-letter headers (DESIGN 4.3).
+// Dead-letter headers (docs/design.md, "Subjects, streams and messages").
 const (
 	HeaderOutboxID     = "Sendonce-Outbox-Id"
 	HeaderReason       = "Sendonce-Reason"

@@ -1,0 +1,219 @@
+// Package service holds what the long-running binaries, the relay and the
+// sender, do the same way: the settings they share, their connections to
+// Postgres and NATS with the JetStream topology ensured, the telemetry
+// endpoint, and running their loops until SIGTERM within a shutdown bound.
+// A binary's main binds its own settings beside these, builds its
+// components on the connections and hands their Run methods to Run.
+package service
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/telemetry"
+)
+
+// DefaultShutdownTimeout bounds a graceful shutdown (SHUTDOWN_TIMEOUT).
+const DefaultShutdownTimeout = 30 * time.Second
+
+// Settings are the settings every service has.
+type Settings struct {
+	// DatabaseURL is the Postgres URL (DATABASE_URL, required).
+	DatabaseURL string
+	// NATS is how to reach NATS (NATS_URL and the auth settings).
+	NATS natsconn.Config
+	// EnsureTopology creates or updates the streams and the consumer at
+	// start-up; false only checks that they exist (NATS_ENSURE_TOPOLOGY).
+	EnsureTopology bool
+	// HTTPAddr serves /metrics, /healthz and /readyz; empty disables it.
+	HTTPAddr string
+	// LogFormat is json or text; LogLevel debug, info, warn or error.
+	LogFormat, LogLevel string
+	// DBTimeout bounds each database round trip.
+	DBTimeout time.Duration
+	// ShutdownTimeout bounds a graceful shutdown.
+	ShutdownTimeout time.Duration
+}
+
+// BindConnections binds the settings a service needs to reach Postgres and
+// NATS; operator commands bind only these.
+func BindConnections(s *envflag.Set, c *Settings) {
+	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
+	s.Required(&c.DatabaseURL, "database-url")
+	natsconn.Bind(s, &c.NATS)
+}
+
+// Bind binds every shared setting; httpAddr is the default of HTTP_ADDR,
+// which differs between the binaries so they can share a host.
+func Bind(s *envflag.Set, c *Settings, httpAddr string) {
+	BindConnections(s, c)
+	s.Bool(&c.EnsureTopology, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up; false only checks they exist (for credentials without those permissions)")
+	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "address for /metrics, /healthz and /readyz; empty disables")
+	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
+	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
+	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
+	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", DefaultShutdownTimeout, time.Second, time.Hour, "bound on a graceful shutdown")
+}
+
+// Parse parses args with s and makes the root logger from c. When the
+// program must stop instead (-h, or a bad setting, reported on stderr), it
+// returns a nil logger and the exit code.
+func Parse(name string, s *envflag.Set, args []string, c *Settings, stderr io.Writer) (*slog.Logger, int) {
+	if code, stop := s.Command(args); stop {
+		return nil, code
+	}
+	root, err := telemetry.NewLogger(stderr, c.LogFormat, c.LogLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return nil, 2
+	}
+	return root, 0
+}
+
+// Options say what a service needs of its connections.
+type Options struct {
+	// Name identifies the process to NATS ("sendonce-relay").
+	Name string
+	// MinConns is the least size of the Postgres pool.
+	MinConns int32
+	// PublishWindow and PublishAckTimeout bound asynchronous publications
+	// (the relay's); zero leaves the library's defaults.
+	PublishWindow     int
+	PublishAckTimeout time.Duration
+}
+
+// Conns are a service's connections.
+type Conns struct {
+	Pool     *pgxpool.Pool
+	NC       *nats.Conn
+	JS       jetstream.JetStream
+	Topology *streams.Topology
+}
+
+// Open connects to Postgres and NATS within ctx and ensures (or, with
+// EnsureTopology false, checks) the streams and the consumer. Errors name
+// the setting to check.
+func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns, error) {
+	poolCfg, err := outbox.PoolConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	poolCfg.MaxConns = max(poolCfg.MaxConns, o.MinConns)
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	nc, js, err := natsconn.Connect(NATSConfig(c.NATS, o, log))
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	cs := &Conns{Pool: pool, NC: nc, JS: js}
+	if cs.Topology, err = ensure(ctx, js, c.EnsureTopology, log); err != nil {
+		cs.Close()
+		return nil, err
+	}
+	return cs, nil
+}
+
+// NATSConfig completes the bound NATS settings for a process named by o.
+func NATSConfig(c natsconn.Config, o Options, log *slog.Logger) natsconn.Config {
+	c.Name, c.PublishWindow, c.PublishAckTimeout, c.ConnectTimeout, c.Logger = o.Name, o.PublishWindow, o.PublishAckTimeout, 10*time.Second, log
+	return c
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, create bool, log *slog.Logger) (*streams.Topology, error) {
+	topo, err := streams.Default()
+	if err != nil {
+		return nil, err
+	}
+	if !create {
+		if err := topo.Check(ctx, js); err != nil {
+			return nil, fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)
+		}
+		return topo, nil
+	}
+	changed, err := topo.Ensure(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range changed {
+		log.Info("nats topology", "change", c)
+	}
+	return topo, nil
+}
+
+// Ready reports whether Postgres answers and the streams exist: /readyz.
+func (c *Conns) Ready(ctx context.Context) error {
+	if err := c.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	return c.Topology.Check(ctx, c.JS)
+}
+
+// Close closes the connections at once; Run drains NATS first.
+func (c *Conns) Close() {
+	c.NC.Close()
+	c.Pool.Close()
+}
+
+// Serve serves reg's metrics, /healthz and /readyz (Ready) on addr, unless
+// addr is empty, and returns the function that stops serving.
+func (c *Conns) Serve(addr string, reg prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	stop, err = telemetry.Start(addr, reg, c.Ready, log)
+	if err != nil {
+		return nil, fmt.Errorf("HTTP_ADDR: %w", err)
+	}
+	return stop, nil
+}
+
+// Run runs every loop until ctx ends or one of them fails, which stops the
+// others; after ctx ends the loops have shutdown to finish their work. It
+// then drains the NATS connection and returns the first loop's error.
+func (c *Conns) Run(ctx context.Context, shutdown time.Duration, log *slog.Logger, loops ...func(context.Context) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, loop := range loops {
+		g.Go(func() error { return loop(gctx) })
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		t := time.NewTimer(shutdown)
+		defer t.Stop()
+		select {
+		case err = <-done:
+		case <-t.C:
+			return fmt.Errorf("shutdown did not finish within %s", shutdown)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := natsconn.Drain(c.NC, 5*time.Second); err != nil {
+		log.Warn("nats drain", "err", err)
+	}
+	return nil
+}

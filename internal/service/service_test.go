@@ -1,0 +1,143 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/service"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// open binds the settings from env as a binary would and opens them.
+func open(t *testing.T, env map[string]string) *service.Conns {
+	t.Helper()
+	var c service.Settings
+	s := envflag.New("test", testkit.EnvMap(env), io.Discard)
+	service.Bind(s, &c, "127.0.0.1:0")
+	if root, code := service.Parse("test", s, nil, &c, io.Discard); root == nil {
+		t.Fatalf("parse: exit %d", code)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conns, err := service.Open(ctx, c, service.Options{Name: "test", MinConns: 3}, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conns.Close)
+	return conns
+}
+
+// Open creates the topology on a fresh server, and /readyz says so; with
+// NATS_ENSURE_TOPOLOGY=false it only checks, and names the setting.
+func TestOpenEnsuresTheTopologyAndServesReadiness(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL(), "NATS_ENSURE_TOPOLOGY": "false"}
+
+	var c service.Settings
+	s := envflag.New("test", testkit.EnvMap(env), io.Discard)
+	service.Bind(s, &c, "")
+	if root, _ := service.Parse("test", s, nil, &c, io.Discard); root == nil {
+		t.Fatal("parse failed")
+	}
+	if _, err := service.Open(context.Background(), c, service.Options{Name: "test"}, discard); err == nil || !strings.Contains(err.Error(), "NATS_ENSURE_TOPOLOGY=false") {
+		t.Fatalf("Open without the streams, checking only: %v", err)
+	}
+
+	delete(env, "NATS_ENSURE_TOPOLOGY")
+	conns := open(t, env)
+	if _, err := conns.JS.Consumer(context.Background(), streams.Stream, streams.Consumer); err != nil {
+		t.Fatalf("the consumer was not created: %v", err)
+	}
+	if n := conns.Pool.Config().MaxConns; n < 3 {
+		t.Fatalf("pool of %d connections, want at least 3", n)
+	}
+	stop, err := conns.Serve("127.0.0.1:0", prometheus.NewRegistry(), discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := conns.Ready(context.Background()); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
+	if err := conns.JS.DeleteStream(context.Background(), streams.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := conns.Ready(context.Background()); err == nil {
+		t.Fatal("Ready with the work stream gone")
+	}
+	if stop, err := conns.Serve("", nil, discard); err != nil || stop == nil {
+		t.Fatalf("Serve with no address: %v", err)
+	}
+}
+
+func TestOpenNamesTheDatabaseSetting(t *testing.T) {
+	t.Parallel()
+	c := service.Settings{DatabaseURL: "postgres://postgres@127.0.0.1:1/none?connect_timeout=2"}
+	if _, err := service.Open(context.Background(), c, service.Options{}, discard); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Fatalf("Open = %v, want an error naming DATABASE_URL", err)
+	}
+}
+
+// One loop failing stops the others, and its error is the result.
+func TestRunOneFailingLoopStopsTheOthers(t *testing.T) {
+	t.Parallel()
+	conns := &service.Conns{}
+	boom := errors.New("boom")
+	stopped := make(chan struct{})
+	waiter := func(ctx context.Context) error {
+		<-ctx.Done()
+		close(stopped)
+		return nil
+	}
+	failing := func(context.Context) error { return boom }
+	if err := conns.Run(context.Background(), time.Minute, discard, waiter, failing); !errors.Is(err, boom) {
+		t.Fatalf("Run = %v, want the failing loop's error", err)
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("the other loop was not stopped")
+	}
+}
+
+// A loop that does not finish within the shutdown bound makes Run fail
+// rather than hang; a clean stop drains NATS.
+func TestRunShutdown(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	conns := open(t, map[string]string{"DATABASE_URL": pgtest.NewMigrated(t), "NATS_URL": srv.URL()})
+
+	release := make(chan struct{})
+	defer close(release)
+	stuck := func(context.Context) error { <-release; return nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := conns.Run(ctx, 50*time.Millisecond, discard, stuck); err == nil || !strings.Contains(err.Error(), "shutdown did not finish") {
+		t.Fatalf("Run = %v, want a shutdown timeout", err)
+	}
+
+	clean := func(ctx context.Context) error { <-ctx.Done(); return nil }
+	if err := conns.Run(ctx, time.Minute, discard, clean); err != nil {
+		t.Fatal(err)
+	}
+	if !conns.NC.IsClosed() {
+		t.Fatal("the NATS connection was not drained")
+	}
+}

@@ -1,0 +1,120 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+
+	"github.com/sendonce/sendonce/outbox"
+)
+
+// An application records the SMS in the same transaction as its business
+// change; the relay and the senders do the rest.
+func ExampleEnqueue() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+
+	var id uuid.UUID // the message's idempotency key, for Status later
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// ... the business change, such as INSERT INTO login_challenges ...
+		var err error
+		id, err = outbox.Enqueue(ctx, tx, "+15551234567", "Your code is 482901")
+		return err
+	})
+	fmt.Println("commit:", err)
+
+	st, err := outbox.Status(ctx, pool, id)
+	fmt.Println("status:", st.Status, err)
+	// Output:
+	// commit: <nil>
+	// status: pending <nil>
+}
+
+// With database/sql, EnqueueSQL takes the *sql.Tx; any Postgres driver
+// works.
+func ExampleEnqueueSQL() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer tx.Rollback()
+	id, err := outbox.EnqueueSQL(ctx, tx, "+15551234567", "Your code is 482901")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("commit:", tx.Commit())
+
+	st, err := outbox.StatusSQL(ctx, db, id)
+	fmt.Println("status:", st.Status, err)
+	// Output:
+	// commit: <nil>
+	// status: pending <nil>
+}
+
+// A bulk send writes every message in one statement.
+func ExampleEnqueueBatch() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+
+	msgs := []outbox.Message{
+		{To: "+15551234567", Body: "Your parcel is on its way"},
+		{To: "+442071234567", Body: "Your parcel is on its way"},
+		{To: "+33612345678", Body: "Votre colis est en route"},
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		ids, err := outbox.EnqueueBatch(ctx, tx, msgs)
+		fmt.Println("ids:", len(ids))
+		return err
+	})
+	fmt.Println("commit:", err)
+	// Output:
+	// ids: 3
+	// commit: <nil>
+}
+
+// Invalid input is refused before any SQL, with an error that names the
+// field and never repeats its value.
+func ExampleValidate() {
+	err := outbox.Validate("555-1234", "hi")
+	fmt.Println(err)
+
+	var ve *outbox.ValidationError
+	if errors.As(err, &ve) {
+		fmt.Println("field:", ve.Field)
+	}
+	fmt.Println("invalid:", errors.Is(err, outbox.ErrInvalid))
+
+	fmt.Println(outbox.Validate("+15551234567", ""))
+	// Output:
+	// outbox: invalid to: not an E.164 number (+ then 2 to 15 digits, no leading 0)
+	// field: to
+	// invalid: true
+	// outbox: invalid body: empty
+}
