@@ -31,7 +31,10 @@ var (
 			"$JS.API.STREAM.CREATE.SMS", "$JS.API.STREAM.UPDATE.SMS", "$JS.API.STREAM.INFO.SMS",
 			"$JS.API.STREAM.CREATE.SMS_DLQ", "$JS.API.STREAM.UPDATE.SMS_DLQ", "$JS.API.STREAM.INFO.SMS_DLQ",
 			"$JS.API.CONSUMER.CREATE.SMS.senders", "$JS.API.CONSUMER.CREATE.SMS.senders.>",
-			"$JS.API.CONSUMER.INFO.SMS.senders",
+			"$JS.API.CONSUMER.CREATE.SMS.senders_urgent", "$JS.API.CONSUMER.CREATE.SMS.senders_urgent.>",
+			"$JS.API.CONSUMER.CREATE.SMS.senders_bulk", "$JS.API.CONSUMER.CREATE.SMS.senders_bulk.>",
+			"$JS.API.CONSUMER.INFO.SMS.senders", "$JS.API.CONSUMER.INFO.SMS.senders_urgent", "$JS.API.CONSUMER.INFO.SMS.senders_bulk",
+			"$JS.API.STREAM.CREATE.KV_sendonce_flow", "$JS.API.STREAM.INFO.KV_sendonce_flow",
 		}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}
@@ -40,8 +43,12 @@ var (
 			"sms.dlq",
 			"$JS.API.INFO",
 			"$JS.API.STREAM.INFO.SMS", "$JS.API.STREAM.INFO.SMS_DLQ",
-			"$JS.API.CONSUMER.INFO.SMS.senders", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders",
-			"$JS.ACK.SMS.senders.>",
+			"$JS.API.CONSUMER.INFO.SMS.senders", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders", "$JS.ACK.SMS.senders.>",
+			"$JS.API.CONSUMER.INFO.SMS.senders_urgent", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders_urgent", "$JS.ACK.SMS.senders_urgent.>",
+			"$JS.API.CONSUMER.INFO.SMS.senders_bulk", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders_bulk", "$JS.ACK.SMS.senders_bulk.>",
+			// The shared flow state: heartbeats and pauses, and a watch.
+			"$KV.sendonce_flow.>", "$JS.API.STREAM.INFO.KV_sendonce_flow",
+			"$JS.API.CONSUMER.CREATE.KV_sendonce_flow.>", "$JS.API.CONSUMER.DELETE.KV_sendonce_flow.>",
 		}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}
@@ -84,13 +91,19 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		_, err := admin.Consumer(context.Background(), streams.Stream, streams.Consumer)
 		return err == nil
 	})
-	startProcess(t, "sender", append(base, "NATS_USER=sender", "NATS_PASSWORD=sender-pw-2", "NATS_ENSURE_TOPOLOGY=false"))
+	snd := startProcess(t, "sender", append(base, "NATS_USER=sender", "NATS_PASSWORD=sender-pw-2", "NATS_ENSURE_TOPOLOGY=false",
+		"SMS_RATE_LIMIT=1000"))
 	ids := insertVia(t, pool, 50)
 	final := waitAllTerminal(t, pool, len(ids), time.Minute)
 	for _, id := range ids {
 		if final[id.String()] != outbox.StatusSent {
 			t.Fatalf("row %s ended %s under least-privilege users", id, final[id.String()])
 		}
+	}
+	// The shared rate limit works under the sender's permissions: its flow
+	// state was reachable, not a fallback.
+	if logs := snd.logs.String(); strings.Contains(logs, "unreachable") || strings.Contains(logs, "Permissions Violation") {
+		t.Fatalf("the sender could not use the shared flow state under its permissions:\n%s", logs)
 	}
 
 	// Forbidden actions are refused: the sender cannot publish work, the

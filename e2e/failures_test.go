@@ -351,13 +351,18 @@ func TestTwilioAdapter(t *testing.T) {
 	if to == "" || strings.Contains(r.lastErr, to) {
 		t.Errorf("last_error %q keeps the number", r.lastErr)
 	}
-	// 429 is not ambiguous even here: the request was refused unprocessed.
+	// 429 is not ambiguous even here: the request was refused unprocessed,
+	// retried, and spends no attempt.
 	tw.status.Store(429)
 	tw.code.Store(20429)
 	limited := e.insert(1)
-	testkit.WaitFor(t, 30*time.Second, "a retry after 429", func() bool { return e.row(limited[0]).attempts >= 2 })
+	testkit.WaitFor(t, 30*time.Second, "retries after 429", func() bool {
+		var n int
+		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_attempts WHERE outbox_id = $1 AND outcome = 'rate_limited'`, limited[0]).Scan(&n)
+		return err == nil && n >= 2
+	})
 	tw.status.Store(0)
-	if r := e.waitTerminal(limited, time.Minute)[limited[0]]; r.status != outbox.StatusSent {
-		t.Errorf("after 429s: %+v, want sent", r)
+	if r := e.waitTerminal(limited, time.Minute)[limited[0]]; r.status != outbox.StatusSent || r.attempts != 1 {
+		t.Errorf("after 429s: %+v, want sent on its one attempt", r)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
@@ -134,6 +135,9 @@ type senderOptions struct {
 	timeout    time.Duration
 	idempotent *bool
 	cfg        sender.Config
+	// flow, when set, gives the sender a shared flow limiter with this
+	// rate limit (0: no limit, but the provider's pauses are shared).
+	flow *float64
 }
 
 func (e *env) startSender(o senderOptions) func() {
@@ -155,11 +159,32 @@ func (e *env) startSender(o senderOptions) func() {
 	cfg.Pool, cfg.JetStream, cfg.Provider, cfg.Logger = e.pool, js, prov, e.logger()
 	cfg.RetryBase = cmpOr(cfg.RetryBase, 20*time.Millisecond)
 	cfg.RetryCap = cmpOr(cfg.RetryCap, 200*time.Millisecond)
-	s, err := sender.New(cfg)
+	var s *sender.Sender
+	var lim *flow.Limiter
+	if o.flow != nil {
+		lim, err = flow.New(flow.Config{
+			JetStream: js, Create: true, Limit: *o.flow, ID: "sender_" + uuid.NewString()[:8],
+			Heartbeat: 100 * time.Millisecond, LiveFor: time.Second, Demand: func() int { return s.Waiting() },
+			Logger: e.logger(),
+		})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		cfg.Flow = lim
+	}
+	s, err = sender.New(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return e.background("sender", s.Run)
+	stopFlow := func() {}
+	if lim != nil {
+		stopFlow = e.background("flow", lim.Run)
+	}
+	stopSender := e.background("sender", s.Run)
+	return func() {
+		stopSender()
+		stopFlow()
+	}
 }
 
 func cmpOr[T comparable](a, b T) T {

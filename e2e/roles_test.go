@@ -131,7 +131,7 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	// The reconciler's work, as the relay: stuck rows, rows without their
 	// letter, and an operator replay.
 	if err := pgx.BeginFunc(ctx, relayPool, func(tx pgx.Tx) error {
-		if _, err := outbox.ClaimStuck(ctx, tx, time.Minute, 0, 0, 10); err != nil {
+		if _, err := outbox.ClaimStuck(ctx, tx, time.Minute, [3]uint64{}, 0, 10); err != nil {
 			return err
 		}
 		if _, err := outbox.ClaimUnlettered(ctx, tx, 0, 10); err != nil {

@@ -39,6 +39,24 @@ a bulk send:
 		{To: "+442071234567", Body: "Your parcel is on its way"},
 	})
 
+# Priorities
+
+A message is Normal unless the application says otherwise. A one-time code a
+user is waiting for goes ahead of a campaign of 200,000 bulk messages:
+
+	id, err := outbox.Enqueue(ctx, tx, "+15551234567", "Your code is 482901",
+		outbox.WithPriority(outbox.Urgent))
+
+	ids, err := outbox.EnqueueBatch(ctx, tx, []outbox.Message{
+		{To: "+15551234567", Body: "Spring sale", Priority: outbox.Bulk},
+	})
+
+The relay publishes urgent rows first, and each sender takes urgent messages
+before normal ones and normal before bulk, while giving every lower lane a
+minimum share of its work, so bulk is delayed by urgent traffic, never
+starved. The priority is part of the message: it cannot change after the
+insert. Other languages set the column priority (1, 2 or 3) in the INSERT.
+
 # Enqueueing with database/sql
 
 EnqueueSQL takes a *sql.Tx from any Postgres driver (pgx's stdlib, lib/pq):

@@ -109,26 +109,81 @@ func Validate(to, body string) error {
 	return nil
 }
 
+// Priority orders messages waiting to be sent: every urgent message before
+// any normal one, normal before bulk, while each lower lane still gets a
+// configured minimum share of the senders (so a continuous stream of urgent
+// messages delays bulk ones, never starves them). A message's priority is
+// part of its intent: it never changes after the insert.
+type Priority int16
+
+// The priorities; the zero value of a Message's Priority means Normal.
+const (
+	// Urgent is for messages a user is waiting for: one-time codes, alerts.
+	Urgent Priority = 1
+	// Normal is the default.
+	Normal Priority = 2
+	// Bulk is for campaigns and digests, sent when nothing more urgent waits.
+	Bulk Priority = 3
+)
+
+// Valid reports whether p is Urgent, Normal or Bulk.
+func (p Priority) Valid() bool { return p >= Urgent && p <= Bulk }
+
+// Option changes how one message is enqueued.
+type Option func(*options)
+
+type options struct{ priority Priority }
+
+// WithPriority enqueues the message with priority p (default Normal). An
+// invalid priority is refused with a *ValidationError on "priority".
+func WithPriority(p Priority) Option { return func(o *options) { o.priority = p } }
+
+func apply(opts []Option) (options, error) {
+	o := options{priority: Normal}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if !o.priority.Valid() {
+		return o, &ValidationError{Field: "priority", Reason: "not 1 (urgent), 2 (normal) or 3 (bulk)"}
+	}
+	return o, nil
+}
+
 // Message is one message of EnqueueBatch.
 type Message struct {
 	// To is the E.164 number to send to.
 	To string
 	// Body is the text.
 	Body string
+	// Priority is the message's priority; zero means Normal.
+	Priority Priority
 }
 
-const insertSQL = `INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3)`
+// insert returns the statement and arguments that write one message. A
+// normal message names no priority column, so that an application works
+// against a database migrated before priorities as well.
+func insert(id uuid.UUID, to, body string, o options) (string, []any) {
+	if o.priority == Normal {
+		return `INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3)`, []any{id, to, body}
+	}
+	return `INSERT INTO sms_outbox (id, to_e164, body, priority) VALUES ($1, $2, $3, $4)`, []any{id, to, body, int16(o.priority)}
+}
 
 // Enqueue records the intent to send body to the E.164 number to, inside
 // the application's transaction tx, and returns the message's id: its
 // idempotency key for its whole life. The message is sent only if tx
 // commits. Invalid input returns a *ValidationError before any SQL.
-func Enqueue(ctx context.Context, tx pgx.Tx, to, body string) (uuid.UUID, error) {
+func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (uuid.UUID, error) {
+	o, err := apply(opts)
+	if err != nil {
+		return uuid.Nil, err
+	}
 	id, err := newID(to, body)
 	if err != nil {
 		return uuid.Nil, err
 	}
-	if _, err := tx.Exec(ctx, insertSQL, id, to, body); err != nil {
+	sql, args := insert(id, to, body, o)
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
 	}
 	return id, nil
@@ -136,12 +191,17 @@ func Enqueue(ctx context.Context, tx pgx.Tx, to, body string) (uuid.UUID, error)
 
 // EnqueueSQL is Enqueue for database/sql: it writes the message inside tx,
 // a transaction of any Postgres driver.
-func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string) (uuid.UUID, error) {
+func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string, opts ...Option) (uuid.UUID, error) {
+	o, err := apply(opts)
+	if err != nil {
+		return uuid.Nil, err
+	}
 	id, err := newID(to, body)
 	if err != nil {
 		return uuid.Nil, err
 	}
-	if _, err := tx.ExecContext(ctx, insertSQL, id, to, body); err != nil {
+	query, args := insert(id, to, body, o)
+	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
 	}
 	return id, nil
@@ -162,15 +222,32 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uuid.UUID, 
 	raw := make([][16]byte, len(msgs))
 	tos := make([]string, len(msgs))
 	bodies := make([]string, len(msgs))
+	prios := make([]int16, len(msgs))
+	allNormal := true
 	for i, m := range msgs {
+		p := m.Priority
+		if p == 0 {
+			p = Normal
+		}
+		if !p.Valid() {
+			return nil, fmt.Errorf("message %d of the batch: %w", i, &ValidationError{Field: "priority", Reason: "not 1 (urgent), 2 (normal) or 3 (bulk)"})
+		}
 		id, err := newID(m.To, m.Body)
 		if err != nil {
 			return nil, fmt.Errorf("message %d of the batch: %w", i, err)
 		}
-		ids[i], raw[i], tos[i], bodies[i] = id, id, m.To, m.Body
+		ids[i], raw[i], tos[i], bodies[i], prios[i] = id, id, m.To, m.Body, int16(p)
+		allNormal = allNormal && p == Normal
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body)
-		SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])`, raw, tos, bodies); err != nil {
+	var err error
+	if allNormal {
+		_, err = tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body)
+			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])`, raw, tos, bodies)
+	} else {
+		_, err = tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, priority)
+			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[])`, raw, tos, bodies, prios)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("outbox: insert batch of %d: %w", len(msgs), err)
 	}
 	return ids, nil

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -288,5 +289,55 @@ func TestStateTerminal(t *testing.T) {
 		if got := s.Terminal(); got != want {
 			t.Errorf("%q.Terminal() = %v, want %v", s, got, want)
 		}
+	}
+}
+
+// A message's priority is written with it, refused when out of range before
+// any SQL, and, like the rest of the intent, never changes after the insert.
+func TestPriority(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	var urgent, normal uuid.UUID
+	var batch []uuid.UUID
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		if urgent, err = outbox.Enqueue(ctx, tx, "+15551234567", "code 1", outbox.WithPriority(outbox.Urgent)); err != nil {
+			return err
+		}
+		if normal, err = outbox.Enqueue(ctx, tx, "+15551234567", "hello"); err != nil {
+			return err
+		}
+		batch, err = outbox.EnqueueBatch(ctx, tx, []outbox.Message{
+			{To: "+15551234567", Body: "sale", Priority: outbox.Bulk},
+			{To: "+15551234567", Body: "news"},
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uuid.UUID]int16{urgent: 1, normal: 2, batch[0]: 3, batch[1]: 2}
+	for id, p := range want {
+		var got int16
+		if err := pool.QueryRow(ctx, `SELECT priority FROM sms_outbox WHERE id = $1`, id).Scan(&got); err != nil || got != p {
+			t.Errorf("row %s: priority %d, %v; want %d", id, got, err, p)
+		}
+	}
+	for _, bad := range []outbox.Priority{-1, 0, 4} {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Enqueue(ctx, tx, "+15551234567", "x", outbox.WithPriority(bad))
+			return err
+		})
+		var ve *outbox.ValidationError
+		if !errors.As(err, &ve) || ve.Field != "priority" {
+			t.Errorf("priority %d: %v, want a ValidationError on priority", bad, err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET priority = 1 WHERE id = $1`, normal); err == nil {
+		t.Error("the database let a priority change")
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, priority) VALUES (gen_random_uuid(), '+15551234567', 'x', 7)`); err == nil {
+		t.Error("the database took priority 7")
 	}
 }

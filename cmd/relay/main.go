@@ -231,7 +231,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		}
 		loops = append(loops, ret.Run)
 	}
-	reg.MustRegister(relay.NewDepthCollector(conns.Pool, log))
+	reg.MustRegister(relay.NewDepthCollector(conns.Pool, log), relay.NewLaneCollector(conns.Pool, conns.JS, log))
 	stopHTTP, err := conns.Serve(c.HTTPAddr, reg, log)
 	if err != nil {
 		return err

@@ -6,16 +6,20 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
@@ -42,6 +46,10 @@ type config struct {
 	lease          time.Duration
 	retryBase      time.Duration
 	retryCap       time.Duration
+	rateLimit      float64
+	rateBurst      float64
+	normalShare    float64
+	bulkShare      float64
 }
 
 func bind(s *envflag.Set, c *config) {
@@ -62,6 +70,10 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.lease, "lease", "SENDER_LEASE", 0, 0, time.Hour, "how long a claimed row is held for its attempt (0: 2*SMS_API_TIMEOUT+5s)")
 	s.Duration(&c.retryBase, "retry-base", "RETRY_BASE", 500*time.Millisecond, time.Millisecond, time.Hour, "backoff base: delay ~ U(0, min(cap, base*2^attempt))")
 	s.Duration(&c.retryCap, "retry-cap", "RETRY_CAP", 60*time.Second, time.Millisecond, 24*time.Hour, "backoff cap")
+	s.Float(&c.rateLimit, "sms-rate-limit", "SMS_RATE_LIMIT", 0, 0, 1e6, "provider requests per second across all sender processes, shared through NATS (0: no limit); size it to the provider account's tier")
+	s.Float(&c.rateBurst, "sms-rate-burst", "SMS_RATE_BURST", 0, 0, 1e6, "provider requests sent at once across all senders after an idle spell (0: SMS_RATE_LIMIT/10, at least 1)")
+	s.Float(&c.normalShare, "normal-min-share", "SENDER_NORMAL_MIN_SHARE", sender.DefaultNormalMinShare, 0, 0.9, "least part of a sender's work the normal lane gets while urgent messages keep coming")
+	s.Float(&c.bulkShare, "bulk-min-share", "SENDER_BULK_MIN_SHARE", sender.DefaultBulkMinShare, 0, 0.9, "least part of a sender's work the bulk lane gets while urgent and normal messages keep coming")
 	s.Check(func() error {
 		switch {
 		case c.providerKind == "generic" && c.apiBase == "":
@@ -79,6 +91,12 @@ func bind(s *envflag.Set, c *config) {
 		if c.retryCap < c.retryBase {
 			return fmt.Errorf("-retry-cap / RETRY_CAP (%s) is below -retry-base / RETRY_BASE (%s)", c.retryCap, c.retryBase)
 		}
+		if c.normalShare+c.bulkShare >= 1 {
+			return fmt.Errorf("-normal-min-share / SENDER_NORMAL_MIN_SHARE (%g) and -bulk-min-share / SENDER_BULK_MIN_SHARE (%g) must add up to less than 1", c.normalShare, c.bulkShare)
+		}
+		if c.rateBurst > 0 && c.rateLimit == 0 {
+			return errors.New("-sms-rate-burst / SMS_RATE_BURST is set without -sms-rate-limit / SMS_RATE_LIMIT")
+		}
 		if c.lease != 0 && c.lease <= c.apiTimeout {
 			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed -sms-api-timeout / SMS_API_TIMEOUT (%s)", c.lease, c.apiTimeout)
 		}
@@ -87,6 +105,19 @@ func bind(s *envflag.Set, c *config) {
 		}
 		return nil
 	})
+}
+
+// flowID names this process in the shared flow state: host and process id,
+// and a random suffix so that a restarted process is a new sender.
+func flowID() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, host)
+	return fmt.Sprintf("%s_%d_%s", cmp.Or(host, "sender"), os.Getpid(), uuid.NewString()[:8])
 }
 
 func parseCodes(s string) ([]int, error) {
@@ -156,10 +187,21 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	defer conns.Close()
 
 	reg := telemetry.NewRegistry()
-	snd, err := sender.New(sender.Config{
+	// The sender reports its demand to the shared limit; the limit gives
+	// the sender its tokens.
+	var snd *sender.Sender
+	lim, err := flow.New(flow.Config{
+		JetStream: conns.JS, Create: c.EnsureTopology, Limit: c.rateLimit, Burst: c.rateBurst,
+		ID: flowID(), Demand: func() int { return snd.Waiting() }, Logger: root, Registerer: reg,
+	})
+	if err != nil {
+		return fmt.Errorf("SMS_RATE_LIMIT: %w", err)
+	}
+	snd, err = sender.New(sender.Config{
 		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Concurrency: c.concurrency,
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
-		ShutdownTimeout: c.ShutdownTimeout, Logger: root, Registerer: reg,
+		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,
+		Flow: lim, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -169,10 +211,11 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		return err
 	}
 	defer stopHTTP()
-	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout.String())
+	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
+		"api_timeout", c.apiTimeout.String(), "rate_limit", c.rateLimit)
 	// The sender itself gives up on what it holds at the shutdown timeout;
 	// the wait here is the backstop for a drain stuck elsewhere.
-	if err := conns.Run(ctx, c.ShutdownTimeout+5*time.Second, log, snd.Run); err != nil {
+	if err := conns.Run(ctx, c.ShutdownTimeout+5*time.Second, log, snd.Run, lim.Run); err != nil {
 		return err
 	}
 	log.Info("sender stopped")

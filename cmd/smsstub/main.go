@@ -57,6 +57,8 @@ func bind(s *envflag.Set, o *options) {
 	s.Int(&f.FailStatus, "fail-status", "STUB_FAIL_STATUS", smsstub.DefaultFailStatus, 400, 599, "HTTP status of an injected failure")
 	s.Int(&f.FailCode, "fail-code", "STUB_FAIL_CODE", 0, 0, 1<<31-1, "provider error code in an injected failure's body; 0 omits it")
 	s.Float(&f.RateLimitRate, "rate-limit-rate", "STUB_RATE_LIMIT_RATE", 0, 0, 1, "probability of an injected 429")
+	s.Float(&f.RateLimit, "rate-limit", "STUB_RATE_LIMIT", 0, 0, 1e6, "requests per second taken, like an account's tier; above it: 429 without Retry-After (0: no limit)")
+	s.Float(&f.RateBurst, "rate-burst", "STUB_RATE_BURST", 0, 0, 1e6, "token bucket size for -rate-limit (0: rate-limit/10)")
 	s.Duration(&f.RetryAfter, "retry-after", "STUB_RETRY_AFTER", smsstub.DefaultRetryAfter, time.Millisecond, 24*time.Hour, "Retry-After of an injected 429 (sent as whole seconds, rounded up)")
 	s.Duration(&f.Latency, "latency", "STUB_LATENCY", 0, 0, time.Hour, "fixed wait before a new request is processed")
 	s.Duration(&f.LatencyJitter, "latency-jitter", "STUB_LATENCY_JITTER", 0, 0, time.Hour, "upper bound of a uniform extra delay")

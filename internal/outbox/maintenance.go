@@ -71,3 +71,20 @@ func Measure(ctx context.Context, q Querier) (Depth, error) {
 	}
 	return d, nil
 }
+
+// OldestUrgent returns the age of the oldest urgent row not yet sent
+// (pending, queued or sending), zero when there is none. It reads only the
+// partial index of urgent rows in flight, so a bulk backlog costs it
+// nothing.
+func OldestUrgent(ctx context.Context, q Querier) (time.Duration, error) {
+	var age *float64
+	err := q.QueryRow(ctx, `SELECT extract(epoch FROM now() - min(created_at)) FROM sms_outbox
+		WHERE priority = 1 AND status IN ('pending', 'queued', 'sending')`).Scan(&age)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: oldest urgent row: %w", err)
+	}
+	if age == nil {
+		return 0, nil
+	}
+	return time.Duration(max(0, *age) * float64(time.Second)), nil
+}

@@ -22,6 +22,8 @@ type Stuck struct {
 	// MaybeAccepted is set when an attempt may have reached the provider
 	// without an answer saying it failed.
 	MaybeAccepted bool
+	// Priority is the row's priority: its lane.
+	Priority int16
 }
 
 // Spent reports whether the row has no attempt left.
@@ -32,9 +34,9 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 //   - queued rows parked in Postgres (a sender acked their message and left
 //     them to wait for a long retry; stream_seq is NULL) once they are due;
 //   - queued rows whose retry time passed more than grace ago, whose current
-//     publication the consumer has already delivered (stream_seq at or below
-//     deliveredSeq: a row behind it in a backlog is only waiting), and not
-//     touched for grace;
+//     publication their lane's consumer has already delivered (stream_seq at
+//     or below delivered[priority]: a row behind it in a backlog is only
+//     waiting), and not touched for grace;
 //   - sending rows whose claim's lease ran out more than grace ago: the
 //     attempt died and no redelivery came to take the expired lease over.
 //
@@ -45,21 +47,26 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 //
 // A row whose stream_seq is beyond lastSeq belongs to a stream that was lost
 // and recreated (its sequences started again): it is stuck too.
-func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, deliveredSeq, lastSeq uint64, limit int) ([]Stuck, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted
+//
+// delivered holds the delivered stream sequence of the urgent, normal and
+// bulk lanes' consumers, in that order.
+func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, delivered [3]uint64, lastSeq uint64, limit int) ([]Stuck, error) {
+	seq := func(s uint64) int64 { return int64(min(s, 1<<62)) }
+	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted, priority
 		FROM sms_outbox
 		WHERE status IN ('queued', 'sending')
 		  AND ((status = 'sending' AND coalesce(lease_until, updated_at) < now() - $1::interval
 		                           AND next_attempt_at < now() - $1::interval)
 		    OR (status = 'queued' AND stream_seq IS NULL AND next_attempt_at <= now())
 		    OR (status = 'queued' AND updated_at < now() - $1::interval AND next_attempt_at < now() - $1::interval
-		                          AND (stream_seq <= $2 OR stream_seq > $4)))
+		                          AND (stream_seq <= CASE priority WHEN 1 THEN $2::bigint WHEN 3 THEN $6::bigint ELSE $5::bigint END
+		                               OR stream_seq > $4)))
 		ORDER BY updated_at
 		LIMIT $3
-		FOR NO KEY UPDATE SKIP LOCKED`, grace, int64(min(deliveredSeq, 1<<62)), limit, int64(min(lastSeq, 1<<62)))
+		FOR NO KEY UPDATE SKIP LOCKED`, grace, seq(delivered[0]), limit, seq(lastSeq), seq(delivered[1]), seq(delivered[2]))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
-		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted)
+		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted, &s.Priority)
 		return s, err
 	})
 	if err != nil {

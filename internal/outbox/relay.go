@@ -14,6 +14,9 @@ type Pending struct {
 	ID uuid.UUID
 	// Gen is the row's publish generation; see MsgID.
 	Gen int32
+	// Priority is the row's priority (1 urgent, 2 normal, 3 bulk): its
+	// lane's subject.
+	Priority int16
 }
 
 // MsgID returns the Nats-Msg-Id of this publication: the id for generation 0
@@ -29,20 +32,20 @@ func MsgID(id uuid.UUID, gen int32) string {
 	return fmt.Sprintf("%s:%d", id, gen)
 }
 
-// ClaimPending locks up to limit pending rows, oldest first, skipping rows
-// another relay holds. The locks last until tx ends: the relay publishes,
+// ClaimPending locks up to limit pending rows, the most urgent first and
+// then the oldest, skipping rows another relay holds. The locks last until tx ends: the relay publishes,
 // waits for the PubAcks, marks the acknowledged rows queued and commits, so a
 // crash anywhere in between returns the rows to pending and the republish is
 // deduplicated by JetStream.
 func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, publish_gen FROM sms_outbox
+	rows, _ := tx.Query(ctx, `SELECT id, publish_gen, priority FROM sms_outbox
 		WHERE status = 'pending'
-		ORDER BY created_at
+		ORDER BY priority, created_at
 		LIMIT $1
 		FOR NO KEY UPDATE SKIP LOCKED`, limit)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pending, error) {
 		var p Pending
-		err := r.Scan(&p.ID, &p.Gen)
+		err := r.Scan(&p.ID, &p.Gen, &p.Priority)
 		return p, err
 	})
 	if err != nil {

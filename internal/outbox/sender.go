@@ -195,6 +195,10 @@ type Result struct {
 	// MaybeAccepted marks a retry whose attempt may have reached the
 	// provider; it sets the row's sticky maybe_accepted (StatusQueued).
 	MaybeAccepted bool
+	// Refund gives the attempt back (StatusQueued): the provider refused to
+	// take the request at all (429, rate limited), so it spent none of the
+	// row's budget.
+	Refund bool
 }
 
 // Written describes a row a status write changed.
@@ -281,6 +285,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		parks    = make([]bool, n)
 		tokens   = make([]uuid.UUID, n)
 		maybes   = make([]bool, n)
+		refunds  = make([]bool, n)
 	)
 	for i, r := range results {
 		switch r.Status {
@@ -294,7 +299,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 			reason := r.Reason
 			reasons[i] = &reason
 		}
-		delays[i], parks[i], maybes[i] = r.RetryIn.Seconds(), r.Park, r.MaybeAccepted
+		delays[i], parks[i], maybes[i], refunds[i] = r.RetryIn.Seconds(), r.Park, r.MaybeAccepted, r.Refund
 	}
 	// The rows are locked first, in id order, through the primary key (the
 	// batch's ids, not a join with the unnest: a join there made Postgres
@@ -313,15 +318,18 @@ SET status = v.status,
                            THEN clock_timestamp() + v.delay * interval '1 second' ELSE o.next_attempt_at END,
     stream_seq = CASE WHEN v.status = 'queued' AND v.park THEN NULL ELSE o.stream_seq END,
     maybe_accepted = o.maybe_accepted OR v.maybe,
+    attempt_count = CASE WHEN v.status = 'queued' AND v.refund AND o.status = 'sending'
+                         THEN greatest(o.attempt_count - 1, 0) ELSE o.attempt_count END,
     updated_at = clock_timestamp()
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[])
-         AS v(id, status, ref, err, reason, delay, park, token, maybe)
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[],
+            $10::bool[])
+         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund)
      JOIN locked USING (id)
 WHERE o.id = v.id
   AND CASE WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status) END
 RETURNING o.id, o.publish_gen, o.attempt_count`,
-		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes)
+		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds)
 	var (
 		id       uuid.UUID
 		gen      int32

@@ -25,14 +25,14 @@ type ReconcilerConfig struct {
 	// Pool and JetStream are required.
 	Pool      *pgxpool.Pool
 	JetStream jetstream.JetStream
-	// Subject, Stream and Consumer name the work subject, its stream and the
-	// senders' consumer; defaults "sms.send", "SMS", "senders".
-	Subject, Stream, Consumer string
+	// Stream names the work stream; default "SMS". A row is republished to
+	// its priority's lane (streams.Lanes).
+	Stream string
 	// Interval between passes; default 30s.
 	Interval time.Duration
-	// Grace is how long past its retry time a queued row, or past its last
-	// touch a sending row, waits before it counts as stuck. It must exceed
-	// the senders' lease plus the consumer's AckWait; default 2m.
+	// Grace is how long past its retry time a queued row, or past the end
+	// of its claim's lease a sending row, waits before it counts as stuck.
+	// It must exceed the lane consumers' AckWait; default 2m.
 	Grace time.Duration
 	// BatchSize is the most rows handled per transaction; default 100.
 	BatchSize int
@@ -62,9 +62,7 @@ type Reconciler struct {
 
 // NewReconciler returns a Reconciler, or an error naming the bad setting.
 func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
-	cfg.Subject = cmp.Or(cfg.Subject, streams.SubjectSend)
 	cfg.Stream = cmp.Or(cfg.Stream, streams.Stream)
-	cfg.Consumer = cmp.Or(cfg.Consumer, streams.Consumer)
 	cfg.Interval = cmp.Or(cfg.Interval, 30*time.Second)
 	cfg.Grace = cmp.Or(cfg.Grace, 2*time.Minute)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, 100)
@@ -109,21 +107,23 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	return r, nil
 }
 
-// CheckGrace returns an error unless the grace period exceeds the consumer's
-// ack deadline, so that a stuck row is never one a redelivery will still
-// handle.
+// CheckGrace returns an error unless the grace period exceeds every lane
+// consumer's ack deadline, so that a stuck row is never one a redelivery
+// will still handle.
 func (r *Reconciler) CheckGrace(ctx context.Context) error {
-	cons, err := r.cfg.JetStream.Consumer(ctx, r.cfg.Stream, r.cfg.Consumer)
-	if err != nil {
-		return fmt.Errorf("reconciler: look up consumer: %w", err)
-	}
-	cc := cons.CachedInfo().Config
-	wait := cc.AckWait
-	if len(cc.BackOff) > 0 {
-		wait = max(wait, cc.BackOff[len(cc.BackOff)-1])
-	}
-	if r.cfg.Grace <= wait {
-		return fmt.Errorf("reconciler: grace %s must exceed the consumer's ack deadline %s", r.cfg.Grace, wait)
+	for _, l := range streams.Lanes {
+		cons, err := r.cfg.JetStream.Consumer(ctx, r.cfg.Stream, l.Consumer)
+		if err != nil {
+			return fmt.Errorf("reconciler: look up consumer %s: %w", l.Consumer, err)
+		}
+		cc := cons.CachedInfo().Config
+		wait := cc.AckWait
+		if len(cc.BackOff) > 0 {
+			wait = max(wait, cc.BackOff[len(cc.BackOff)-1])
+		}
+		if r.cfg.Grace <= wait {
+			return fmt.Errorf("reconciler: grace %s must exceed consumer %s's ack deadline %s", r.cfg.Grace, l.Consumer, wait)
+		}
 	}
 	return nil
 }
@@ -172,11 +172,14 @@ func (r *Reconciler) stuckPass(ctx context.Context) (int, []deadletter.Letter, e
 	ctx, cancel := context.WithTimeout(ctx, 3*r.cfg.DBTimeout)
 	defer cancel()
 	// Each lookup fetches the info it caches: one request each per pass.
-	cons, err := r.cfg.JetStream.Consumer(ctx, r.cfg.Stream, r.cfg.Consumer)
-	if err != nil {
-		return 0, nil, fmt.Errorf("look up consumer: %w", err)
+	var delivered [3]uint64
+	for i, l := range streams.Lanes {
+		cons, err := r.cfg.JetStream.Consumer(ctx, r.cfg.Stream, l.Consumer)
+		if err != nil {
+			return 0, nil, fmt.Errorf("look up consumer %s: %w", l.Consumer, err)
+		}
+		delivered[i] = cons.CachedInfo().Delivered.Stream
 	}
-	info := cons.CachedInfo()
 	stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
 	if err != nil {
 		return 0, nil, fmt.Errorf("look up stream: %w", err)
@@ -187,7 +190,7 @@ func (r *Reconciler) stuckPass(ctx context.Context) (int, []deadletter.Letter, e
 		return 0, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	stuck, err := outbox.ClaimStuck(ctx, tx, r.cfg.Grace, info.Delivered.Stream, sinfo.State.LastSeq, r.cfg.BatchSize)
+	stuck, err := outbox.ClaimStuck(ctx, tx, r.cfg.Grace, delivered, sinfo.State.LastSeq, r.cfg.BatchSize)
 	if err != nil || len(stuck) == 0 {
 		return 0, nil, err
 	}
@@ -234,7 +237,7 @@ func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) (*de
 	}
 	gen := s.Gen + 1
 	payload := wire.AppendEncode(nil, wire.Send{ID: s.ID, Gen: gen})
-	ack, err := r.cfg.JetStream.PublishMsg(ctx, &nats.Msg{Subject: r.cfg.Subject, Data: payload},
+	ack, err := r.cfg.JetStream.PublishMsg(ctx, &nats.Msg{Subject: streams.LaneOf(int(s.Priority)).Subject, Data: payload},
 		jetstream.WithMsgID(outbox.MsgID(s.ID, gen)), jetstream.WithExpectStream(r.cfg.Stream))
 	if err != nil {
 		return nil, fmt.Errorf("republish: %w", err)

@@ -51,8 +51,6 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// JetStream publishes; required.
 	JetStream jetstream.JetStream
-	// Subject to publish to; default streams.SubjectSend.
-	Subject string
 	// Stream the subject belongs to; publications expect it. Default
 	// streams.Stream.
 	Stream string
@@ -81,7 +79,6 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	c.Subject = cmp.Or(c.Subject, streams.SubjectSend)
 	c.Stream = cmp.Or(c.Stream, streams.Stream)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
@@ -281,7 +278,9 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 		}
 		start := len(payload)
 		payload = wire.AppendEncode(payload, wire.Send{ID: p.ID, Gen: p.Gen})
-		msg := &nats.Msg{Subject: r.cfg.Subject, Data: payload[start:len(payload):len(payload)]}
+		// Each row goes to its priority's lane, which the senders serve
+		// most urgent first.
+		msg := &nats.Msg{Subject: streams.LaneOf(int(p.Priority)).Subject, Data: payload[start:len(payload):len(payload)]}
 		f, err := r.cfg.JetStream.PublishMsgAsync(msg,
 			jetstream.WithMsgID(p.MsgID()), jetstream.WithExpectStream(r.cfg.Stream))
 		if err != nil {

@@ -28,9 +28,10 @@ type result struct {
 }
 
 // attempt makes one provider attempt for a claimed row, if the decision
-// before the call allows it, and hands the verdict to the status writer. The
-// decisions are decide's; this only does the I/O around them.
-func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results chan<- result) {
+// before the call allows it, and hands the verdict to the status writer; it
+// reports whether the provider was called. The decisions are decide's; this
+// only does the I/O around them.
+func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results chan<- result) (called bool) {
 	// The row's attributes are formatted only for a line that is written: a
 	// logger made With them for every attempt formatted them eagerly, 3-6 us
 	// of CPU per message in BenchmarkSenderRun's profile.
@@ -47,7 +48,8 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 	started := time.Now()
 	v := decide(f, nil, policy{})
 	var out provider.Outcome
-	if v.call {
+	called = v.call
+	if called {
 		// The call runs to its own timeout even during shutdown: abandoning
 		// it would only leave the outcome unknown.
 		out = s.cfg.Provider.Send(context.WithoutCancel(ctx), provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
@@ -58,6 +60,9 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 			crashpoint.Hit(crashpoint.SenderAfterAccept)
 		}
 		v = decide(f, &out, policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay})
+	}
+	if v.pause && s.cfg.Flow != nil {
+		s.cfg.Flow.Pause(ctx, out.After)
 	}
 	s.metrics.outcomes.WithLabelValues(v.outcome).Inc()
 	switch {
@@ -74,7 +79,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 		held: h, action: v.action, delay: v.delay, createdAt: c.CreatedAt,
 		row: outbox.Result{
 			ID: c.ID, Status: v.status, Error: v.errText, Reason: v.reason, RetryIn: v.delay, Park: v.park,
-			Token: c.Token, MaybeAccepted: v.maybe,
+			Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund,
 		},
 	}
 	if v.status == outbox.StatusSent {
@@ -96,6 +101,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 		}
 	}
 	results <- res
+	return called
 }
 
 // rejectInvalid dead-letters a message that did not come from the relay and

@@ -24,25 +24,33 @@ func (h held) answer(fn func(jetstream.Msg)) {
 	fn(h.msg)
 }
 
-// claimLoop takes messages as slots free up, claims them in batches and
-// starts one worker per claimed row. It returns when ctx is done (after the
-// batch in hand is claimed).
-func (s *Sender) claimLoop(ctx, hold context.Context, in <-chan jetstream.Msg, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
-	batch := make([]jetstream.Msg, 0, s.cfg.ClaimBatch)
+// claimLoop takes messages as slots and tokens free up, the most urgent lane
+// first, claims them in batches and starts one worker per claimed row. The
+// token is taken before the message is picked, so that the message chosen is
+// the most urgent one waiting when the provider may be called, and before the
+// row is claimed, so that a wait (a rate limit, a provider's pause) spends no
+// attempt. It returns when ctx is done (after the batch in hand is claimed).
+func (s *Sender) claimLoop(ctx, hold context.Context, ls *lanes, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
+	batch := make([]held, 0, s.cfg.ClaimBatch)
 	for {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
 			return
 		}
-		select {
-		case m := <-in:
-			batch = append(batch[:0], m)
-		case <-ctx.Done():
+		if err := s.waitToken(ctx); err != nil {
 			<-slots
 			return
 		}
-		// Take whatever else is already waiting, while slots are free.
+		h, ok := ls.next(ctx)
+		if !ok {
+			s.returnToken()
+			<-slots
+			return
+		}
+		batch = append(batch[:0], h)
+		// Take whatever else is already waiting, while slots and tokens are
+		// free.
 	more:
 		for len(batch) < s.cfg.ClaimBatch {
 			select {
@@ -50,34 +58,59 @@ func (s *Sender) claimLoop(ctx, hold context.Context, in <-chan jetstream.Msg, s
 			default:
 				break more
 			}
-			select {
-			case m := <-in:
-				batch = append(batch, m)
-			default:
+			if !s.tryToken() {
 				<-slots
 				break more
 			}
+			h, ok := ls.pick()
+			if !ok {
+				s.returnToken()
+				<-slots
+				break more
+			}
+			batch = append(batch, h)
 		}
 		s.claimBatch(ctx, hold, batch, slots, results, workers)
+	}
+}
+
+func (s *Sender) waitToken(ctx context.Context) error {
+	if s.cfg.Flow == nil {
+		return ctx.Err()
+	}
+	return s.cfg.Flow.Wait(ctx)
+}
+
+func (s *Sender) tryToken() bool { return s.cfg.Flow == nil || s.cfg.Flow.TryTake() }
+
+// returnToken gives back the token of a message that made no request.
+func (s *Sender) returnToken() {
+	if s.cfg.Flow != nil {
+		s.cfg.Flow.Return()
 	}
 }
 
 // claimBatch claims the rows of batch, which holds one slot per message, and
 // starts a worker per claimed row; every other message gets its answer here
 // and gives its slot back.
-func (s *Sender) claimBatch(ctx, hold context.Context, batch []jetstream.Msg, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
-	release := func() { <-slots }
+func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
+	// release gives back the slot, and the token, of a message that makes
+	// no request.
+	release := func() {
+		s.returnToken()
+		<-slots
+	}
 	byID := make(map[uuid.UUID][]held, len(batch))
 	ids := make([]uuid.UUID, 0, len(batch))
-	for _, m := range batch {
-		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+	for _, h := range batch {
+		// Every message is held from its fetch until JetStream is answered:
+		// a claim that waits out a database outage, a slow call or a slow
+		// status write never lets the ack deadline pass and the message go
+		// to another sender.
+		if md, err := h.msg.Metadata(); err == nil && md.NumDelivered > 1 {
 			s.metrics.redeliveries.Inc()
 		}
-		// Held from here until JetStream is answered: a claim that waits
-		// out a database outage, a slow call or a slow status write never
-		// lets the ack deadline pass and the message go to another sender.
-		h := held{msg: m, keep: keepAlive(m, s.heartbeat)}
-		p, err := wire.Decode(m.Data())
+		p, err := wire.Decode(h.msg.Data())
 		if err != nil {
 			s.rejectInvalid(hold, h, uuid.Nil, err.Error())
 			release()
@@ -117,8 +150,10 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []jetstream.Msg, sl
 			workers.Add(1)
 			go func() {
 				defer workers.Done()
-				defer release()
-				s.attempt(ctx, h, c, results)
+				defer func() { <-slots }()
+				if !s.attempt(ctx, h, c, results) {
+					s.returnToken()
+				}
 			}()
 		case outbox.AlreadyTerminal:
 			// The guard that makes a redelivery or a late republication

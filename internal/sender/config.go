@@ -25,6 +25,8 @@ const (
 	DefaultDBTimeout       = 10 * time.Second
 	DefaultPublishTimeout  = 10 * time.Second
 	DefaultShutdownTimeout = 30 * time.Second
+	DefaultNormalMinShare  = 0.2
+	DefaultBulkMinShare    = 0.05
 )
 
 // Config configures a Sender.
@@ -74,6 +76,17 @@ type Config struct {
 	// trying to finish what it holds (claims whose answer was lost, status
 	// writes, dead letters) through an outage; default 30s.
 	ShutdownTimeout time.Duration
+	// NormalMinShare and BulkMinShare are the least parts of this sender's
+	// work the normal and the bulk lane get while they have messages
+	// waiting, however busy the lanes above them: urgent messages go first,
+	// and bulk ones are delayed, never starved. Defaults 0.2 and 0.05;
+	// their sum must stay below 1.
+	NormalMinShare, BulkMinShare float64
+	// Flow, when set, paces provider requests within a rate limit shared by
+	// every sender and pauses them all when the provider asks; a token is
+	// taken before a row is claimed, so a wait spends no attempt. Nil sends
+	// as fast as the slots allow and backs off per message.
+	Flow Flow
 	// Name identifies this sender in the attempts log; default the host name.
 	Name string
 	// Logger receives the sender's logs; default slog.Default().
@@ -102,6 +115,8 @@ func (c *Config) setDefaults() {
 	c.MaxNakDelay = cmp.Or(c.MaxNakDelay, DefaultMaxNakDelay)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.NormalMinShare = cmp.Or(c.NormalMinShare, DefaultNormalMinShare)
+	c.BulkMinShare = cmp.Or(c.BulkMinShare, DefaultBulkMinShare)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -129,6 +144,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("sender: RetryCap %s is below RetryBase %s", c.RetryCap, c.RetryBase)
 	case c.MaxNakDelay <= 0:
 		return fmt.Errorf("sender: MaxNakDelay %s must be positive", c.MaxNakDelay)
+	case c.NormalMinShare < 0 || c.BulkMinShare < 0 || c.NormalMinShare+c.BulkMinShare >= 1:
+		return fmt.Errorf("sender: NormalMinShare %g and BulkMinShare %g must be at least 0 and add up to less than 1", c.NormalMinShare, c.BulkMinShare)
 	case c.DBTimeout <= 0 || c.PublishTimeout <= 0 || c.ShutdownTimeout <= 0:
 		return errors.New("sender: DBTimeout, PublishTimeout and ShutdownTimeout must be positive")
 	}

@@ -78,6 +78,12 @@ type verdict struct {
 	outcome string
 	// letter: publish the row's dead letter once its status is written.
 	letter bool
+	// refund gives the attempt back: the provider took nothing and asked
+	// to slow down (429), which is flow control, not a failure.
+	refund bool
+	// pause asks every sender to wait delay: the provider said how long
+	// (a 429 or 503 with Retry-After).
+	pause bool
 }
 
 // decide maps what is known of a claimed row, and the provider's answer when
@@ -90,6 +96,22 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 	case provider.Sent:
 		return verdict{status: outbox.StatusSent, action: ack, outcome: "sent"}
 	case provider.Retry:
+		if o.HTTPStatus == 429 {
+			// Rate limited: the provider refused to take the request at
+			// all. It spends no attempt (a provider's limit delays a
+			// message, never kills it) and, with a Retry-After, pauses
+			// every sender rather than this message alone.
+			d := o.After
+			if d == 0 {
+				d = p.backoff
+			}
+			v := verdict{status: outbox.StatusQueued, errText: o.Error(), action: nak, delay: d,
+				outcome: "rate_limited", refund: true, pause: o.After > 0}
+			if f.lastDelivery || v.delay > p.maxNakDelay {
+				v.action, v.park = ack, true
+			}
+			return v
+		}
 		if f.attempt >= f.maxAttempts {
 			v := unsent(f.maybeAccepted || o.MaybeAccepted, wire.ReasonMaxAttempts,
 				fmt.Sprintf("attempts exhausted (%d of %d); last: %s", f.attempt, f.maxAttempts, o.Error()))
@@ -101,7 +123,7 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 			d = p.backoff
 		}
 		v := verdict{status: outbox.StatusQueued, errText: o.Error(), action: nak, delay: d,
-			maybe: o.MaybeAccepted, outcome: "retry"}
+			maybe: o.MaybeAccepted, outcome: "retry", pause: o.HTTPStatus == 503 && o.After > 0}
 		if f.lastDelivery || d > p.maxNakDelay {
 			// JetStream would not bring the message back (its last
 			// delivery), or would hold a MaxAckPending slot all the wait:

@@ -17,6 +17,7 @@ type metrics struct {
 	overtaken       prometheus.Counter
 	dbRetries       *prometheus.CounterVec
 	dlqRetries      prometheus.Counter
+	laneTaken       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -63,10 +64,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_dead_letter_retries_total",
 			Help: "Dead-letter publications tried again after a failure.",
 		}),
+		laneTaken: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_sender_lane_messages_total",
+			Help: "Messages taken from each priority lane (urgent, normal, bulk) for a claim.",
+		}, []string{"lane"}),
 	}
 	// Every series exists from the start at 0, so that rate() and
 	// increase() see the first event of a kind.
-	for _, o := range []string{"sent", "retry", "permanent", "ambiguous", "max_attempts", "invalid"} {
+	for _, o := range []string{"sent", "retry", "rate_limited", "permanent", "ambiguous", "max_attempts", "invalid"} {
 		m.outcomes.WithLabelValues(o)
 	}
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
@@ -75,8 +80,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, op := range []string{"claim", "status_write"} {
 		m.dbRetries.WithLabelValues(op)
 	}
+	for _, l := range []string{"urgent", "normal", "bulk"} {
+		m.laneTaken.WithLabelValues(l)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +45,18 @@ type Provider interface {
 	Timeout() time.Duration
 }
 
+// Flow is what the sender needs of a shared rate limit (flow.Limiter).
+type Flow interface {
+	// Wait takes a token, waiting for one and for any pause to end.
+	Wait(ctx context.Context) error
+	// TryTake takes a token if one is there now.
+	TryTake() bool
+	// Return gives back a token taken for a message that made no request.
+	Return()
+	// Pause holds every sender's requests for d.
+	Pause(ctx context.Context, d time.Duration)
+}
+
 // Sender consumes sms.send and calls the provider.
 type Sender struct {
 	cfg     Config
@@ -54,11 +67,13 @@ type Sender struct {
 	// invalid counts the invalid messages whose dead letters are being
 	// published.
 	invalid sync.WaitGroup
-	// maxDeliver is the consumer's MaxDeliver: on the last delivery a retry
-	// cannot be handed back to JetStream, so the row is parked instead.
-	maxDeliver int
+	// maxDeliver is each lane consumer's MaxDeliver: on the last delivery a
+	// retry cannot be handed back to JetStream, so the row is parked instead.
+	maxDeliver map[string]int
 	// heartbeat is the InProgress interval that holds a message.
 	heartbeat time.Duration
+	// lanes are the priority lanes being consumed (set by Run).
+	lanes atomic.Pointer[lanes]
 }
 
 // New returns a Sender, or an error naming the invalid setting.
@@ -77,7 +92,8 @@ func New(cfg Config) (*Sender, error) {
 			JetStream: cfg.JetStream, Subject: cfg.DeadLetterSubject, Stream: cfg.DeadLetterStream,
 			Timeout: cfg.PublishTimeout,
 		},
-		letters: newLetterQueue(),
+		letters:    newLetterQueue(),
+		maxDeliver: map[string]int{},
 	}, nil
 }
 
@@ -87,17 +103,13 @@ func New(cfg Config) (*Sender, error) {
 // done; what is still unfinished then is left to redelivery and the
 // reconciler, and Run returns an error saying how much.
 func (s *Sender) Run(ctx context.Context) error {
-	cons, err := s.cfg.JetStream.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer)
+	// Each lane prefetches a claim batch: a message waiting in the client
+	// has no heartbeat yet, so the prefetch is kept small.
+	ls, err := s.newLanes(ctx, s.cfg.ClaimBatch)
 	if err != nil {
-		return fmt.Errorf("sender: look up consumer %s on stream %s: %w", s.cfg.Consumer, s.cfg.Stream, err)
+		return err
 	}
-	s.heartbeat = heartbeatInterval(cons.CachedInfo().Config)
-	s.maxDeliver = cons.CachedInfo().Config.MaxDeliver
-
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.Concurrency + s.cfg.ClaimBatch))
-	if err != nil {
-		return fmt.Errorf("sender: start consuming: %w", err)
-	}
+	s.lanes.Store(ls)
 	// hold is done ShutdownTimeout after ctx: until then, work in hand is
 	// retried through outages.
 	hold, cancelHold := context.WithCancel(context.WithoutCancel(ctx))
@@ -105,16 +117,10 @@ func (s *Sender) Run(ctx context.Context) error {
 	stopHoldTimer := context.AfterFunc(ctx, func() { time.AfterFunc(s.cfg.ShutdownTimeout, cancelHold) })
 	defer stopHoldTimer()
 
-	// Buffered: while the claim loop waits for the database, the reader
-	// keeps moving fetched messages here, and the next claim takes them all
-	// in one statement instead of one claim per message.
-	in := make(chan jetstream.Msg, s.cfg.ClaimBatch)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		s.read(ctx, it, in)
-	}()
-
+	var readers sync.WaitGroup
+	for _, l := range ls.all {
+		readers.Go(func() { s.readLane(ctx, ls, l) })
+	}
 	results := make(chan result, s.cfg.Concurrency+s.cfg.WriteBatch)
 	var unwritten int
 	writerDone := make(chan struct{})
@@ -130,18 +136,15 @@ func (s *Sender) Run(ctx context.Context) error {
 
 	var workers sync.WaitGroup
 	slots := make(chan struct{}, s.cfg.Concurrency)
-	s.claimLoop(ctx, hold, in, slots, results, &workers)
+	s.claimLoop(ctx, hold, ls, slots, results, &workers)
 
 	// Shutdown: stop fetching, give back what was fetched but not started
-	// (Drain hands the buffered messages to read, which naks them for
+	// (Drain hands the buffered messages to the readers, which nak them for
 	// another sender), let the attempts in flight finish and their statuses
 	// be written and their letters published.
-	it.Drain()
-	<-readerDone
-	// Handed to the claim loop but never claimed: back for another sender.
-	for len(in) > 0 {
-		_ = (<-in).Nak()
-	}
+	ls.stop()
+	readers.Wait()
+	ls.giveBack()
 	workers.Wait()
 	s.invalid.Wait()
 	close(results)
@@ -158,41 +161,24 @@ func (s *Sender) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// read moves messages from the iterator to in until the iterator is stopped.
-func (s *Sender) read(ctx context.Context, it jetstream.MessagesContext, in chan<- jetstream.Msg) {
-	failures := 0
-	for {
-		m, err := it.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return
-			}
-			failures++
-			s.log.Warn("fetch failed", "err", err)
-			if !sleep(ctx, min(5*time.Second, 50*time.Millisecond<<min(failures, 7))) {
-				return
-			}
-			continue
-		}
-		failures = 0
-		select {
-		case in <- m:
-		case <-ctx.Done():
-			// Fetched but never started: hand it back for another sender.
-			_ = m.Nak()
-			return
-		}
+// Waiting is the number of messages fetched and held that wait for a slot
+// or a token: the demand this sender reports to the shared rate limit.
+func (s *Sender) Waiting() int {
+	if ls := s.lanes.Load(); ls != nil {
+		return ls.waiting()
 	}
+	return 0
 }
 
 // lastDelivery reports whether m is the consumer's last delivery of its
 // message: a Nak would not bring it back.
 func (s *Sender) lastDelivery(m jetstream.Msg) bool {
-	if s.maxDeliver <= 0 {
+	md, err := m.Metadata()
+	if err != nil {
 		return false
 	}
-	md, err := m.Metadata()
-	return err == nil && int(md.NumDelivered) >= s.maxDeliver
+	max := s.maxDeliver[md.Consumer]
+	return max > 0 && int(md.NumDelivered) >= max
 }
 
 // backOff answers a delivery that must wait (another claim holds the row,

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -153,6 +154,15 @@ func ensure(ctx context.Context, js jetstream.JetStream, create bool, log *slog.
 	changed, err := topo.Ensure(ctx, js)
 	if err != nil {
 		return nil, err
+	}
+	// The senders' shared flow state (rate limit, provider pauses) is part
+	// of the topology, so that senders without create permissions find it.
+	created, err := flow.EnsureBucket(ctx, js, 1)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		changed = append(changed, "created key-value bucket "+flow.DefaultBucket)
 	}
 	for _, c := range changed {
 		log.Info("nats topology", "change", c)

@@ -120,6 +120,16 @@ type Faults struct {
 	// DefaultRetryAfter (1s).
 	RetryAfter time.Duration
 
+	// RateLimit is the requests per second the stub takes, like a provider
+	// account's throughput tier; a request above it (a token bucket of
+	// RateBurst) is answered 429 without Retry-After, as Twilio does.
+	// Replays are not counted. Zero (the default) means no limit.
+	RateLimit float64
+
+	// RateBurst is the token bucket's size for RateLimit; zero means
+	// max(1, RateLimit/10).
+	RateBurst float64
+
 	// Latency is a fixed delay added before a request with an unseen key is
 	// processed; the key is in flight meanwhile, so concurrent requests with
 	// it get 409. If the client gives up during the delay the message is not
@@ -168,6 +178,12 @@ func (f Faults) normalized() (Faults, error) {
 	if f.RetryAfter == 0 {
 		f.RetryAfter = DefaultRetryAfter
 	}
+	if !(f.RateLimit >= 0) || !(f.RateBurst >= 0) {
+		return Faults{}, fmt.Errorf("invalid RateLimit %v or RateBurst %v: must not be negative", f.RateLimit, f.RateBurst)
+	}
+	if f.RateLimit > 0 && f.RateBurst == 0 {
+		f.RateBurst = max(1, f.RateLimit/10)
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -197,6 +213,8 @@ type faultsJSON struct {
 	FailCode      int          `json:"fail_code"`
 	RateLimitRate float64      `json:"rate_limit_rate"`
 	RetryAfter    jsonDuration `json:"retry_after"`
+	RateLimit     float64      `json:"rate_limit"`
+	RateBurst     float64      `json:"rate_burst"`
 	Latency       jsonDuration `json:"latency"`
 	LatencyJitter jsonDuration `json:"latency_jitter"`
 	WithholdRate  float64      `json:"withhold_rate"`
@@ -211,6 +229,8 @@ func (f Faults) MarshalJSON() ([]byte, error) {
 		FailCode:      f.FailCode,
 		RateLimitRate: f.RateLimitRate,
 		RetryAfter:    jsonDuration(f.RetryAfter),
+		RateLimit:     f.RateLimit,
+		RateBurst:     f.RateBurst,
 		Latency:       jsonDuration(f.Latency),
 		LatencyJitter: jsonDuration(f.LatencyJitter),
 		WithholdRate:  f.WithholdRate,
@@ -233,6 +253,8 @@ func (f *Faults) UnmarshalJSON(data []byte) error {
 		FailCode:      w.FailCode,
 		RateLimitRate: w.RateLimitRate,
 		RetryAfter:    time.Duration(w.RetryAfter),
+		RateLimit:     w.RateLimit,
+		RateBurst:     w.RateBurst,
 		Latency:       time.Duration(w.Latency),
 		LatencyJitter: time.Duration(w.LatencyJitter),
 		WithholdRate:  w.WithholdRate,

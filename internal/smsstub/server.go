@@ -85,6 +85,8 @@ type Stats struct {
 	Failures int64 `json:"failures"`
 	// RateLimited counts injected 429s (Faults.RateLimitRate).
 	RateLimited int64 `json:"rate_limited"`
+	// OverLimit counts 429s for requests above Faults.RateLimit.
+	OverLimit int64 `json:"over_limit"`
 	// Withheld counts deliveries whose response was withheld.
 	Withheld int64 `json:"withheld"`
 	// Keys is the number of distinct idempotency keys seen.
@@ -119,6 +121,25 @@ type Server struct {
 	expiryHead int
 	records    map[string]*Delivery
 	stats      Stats
+	// tokens and tokensAt are the RateLimit token bucket (wall clock, not
+	// the retention clock: rates are real time).
+	tokens   float64
+	tokensAt time.Time
+}
+
+// takeTokenLocked takes a token of the RateLimit bucket; s.mu is held.
+func (s *Server) takeTokenLocked(f Faults) bool {
+	now := time.Now()
+	if s.tokensAt.IsZero() {
+		s.tokens, s.tokensAt = f.RateBurst, now
+	}
+	s.tokens = min(f.RateBurst, s.tokens+now.Sub(s.tokensAt).Seconds()*f.RateLimit)
+	s.tokensAt = now
+	if s.tokens < 1 {
+		return false
+	}
+	s.tokens--
+	return true
 }
 
 // entry is the idempotency cache's state for one key.
@@ -441,8 +462,9 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 	if f.LatencyJitter > 0 {
 		delay += time.Duration(s.rng.Int64N(int64(f.LatencyJitter)))
 	}
-	limited := f.RateLimitRate > 0 && s.rng.Float64() < f.RateLimitRate
-	failed := !limited && f.FailRate > 0 && s.rng.Float64() < f.FailRate
+	overLimit := f.RateLimit > 0 && !s.takeTokenLocked(f)
+	limited := !overLimit && f.RateLimitRate > 0 && s.rng.Float64() < f.RateLimitRate
+	failed := !overLimit && !limited && f.FailRate > 0 && s.rng.Float64() < f.FailRate
 	withhold := !limited && !failed && f.WithholdRate > 0 && s.rng.Float64() < f.WithholdRate
 	s.mu.Unlock()
 
@@ -467,6 +489,11 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 	}
 
 	switch {
+	case overLimit:
+		s.settle(key, e, gen, func(st *Stats) { st.OverLimit++ })
+		s.logOutcome(ctx, "over_limit", http.StatusTooManyRequests, "")
+		writeError(w, http.StatusTooManyRequests, CodeRateLimited, "too many requests")
+		return
 	case limited:
 		s.settle(key, e, gen, func(st *Stats) { st.RateLimited++ })
 		s.logOutcome(ctx, "rate_limited", http.StatusTooManyRequests, "")

@@ -680,7 +680,7 @@ func TestAdminEndpoints(t *testing.T) {
 	if err := json.Unmarshal([]byte(getRaw(t, s.url+"/admin/stats")), &statFields); err != nil {
 		t.Fatal(err)
 	}
-	if got := keysOf(statFields); got != "conflicts,deliveries,failures,keys,mismatches,rate_limited,replays,requests,withheld" {
+	if got := keysOf(statFields); got != "conflicts,deliveries,failures,keys,mismatches,over_limit,rate_limited,replays,requests,withheld" {
 		t.Errorf("stats fields %s", got)
 	}
 
@@ -825,12 +825,13 @@ func TestNewValidation(t *testing.T) {
 func TestFaultsJSON(t *testing.T) {
 	t.Parallel()
 	in := Faults{FailRate: 0.25, FailStatus: 502, FailCode: 30008, RateLimitRate: 0.5, RetryAfter: 2 * time.Second,
+		RateLimit: 200, RateBurst: 20,
 		Latency: 20 * time.Millisecond, LatencyJitter: 5 * time.Millisecond, WithholdRate: 0.1, WithholdMode: WithholdClose}
 	b, err := json.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `{"fail_rate":0.25,"fail_status":502,"fail_code":30008,"rate_limit_rate":0.5,"retry_after":"2s","latency":"20ms","latency_jitter":"5ms","withhold_rate":0.1,"withhold_mode":"close"}`
+	const want = `{"fail_rate":0.25,"fail_status":502,"fail_code":30008,"rate_limit_rate":0.5,"retry_after":"2s","rate_limit":200,"rate_burst":20,"latency":"20ms","latency_jitter":"5ms","withhold_rate":0.1,"withhold_mode":"close"}`
 	if string(b) != want {
 		t.Errorf("marshal:\n got %s\nwant %s", b, want)
 	}
@@ -977,4 +978,26 @@ func BenchmarkMessages(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+}
+
+// Above its rate limit the stub answers 429 without Retry-After, as a
+// provider's throughput tier does, and counts it apart from injected 429s.
+func TestRateLimitTier(t *testing.T) {
+	t.Parallel()
+	s := newStub(t, Config{Faults: Faults{RateLimit: 1, RateBurst: 3}})
+	statuses := map[int]int{}
+	for i := range 6 {
+		r := s.send(t, fmt.Sprintf("k-%d", i), msg("+15551234567", "x"))
+		statuses[r.status]++
+		if r.status == http.StatusTooManyRequests && r.header.Get("Retry-After") != "" {
+			t.Errorf("a 429 for the rate limit carries Retry-After %q", r.header.Get("Retry-After"))
+		}
+	}
+	// A burst of 3, and at 1/s at most one more token while the test runs.
+	if statuses[201] < 3 || statuses[201] > 4 || statuses[429] != 6-statuses[201] {
+		t.Fatalf("statuses %v, want 3 or 4 accepted and the rest 429", statuses)
+	}
+	if st := s.Stats(); st.OverLimit != int64(statuses[429]) || st.RateLimited != 0 {
+		t.Fatalf("stats %+v", st)
+	}
 }

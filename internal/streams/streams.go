@@ -33,9 +33,45 @@ const (
 	DeadLetterStream = "SMS_DLQ"
 	// SubjectDeadLetter is the subject of dead letters.
 	SubjectDeadLetter = "sms.dlq"
-	// Consumer is the durable pull consumer shared by every sender.
+	// Consumer is the durable pull consumer shared by every sender: the
+	// normal lane (it also takes sms.send, the subject of publications
+	// from before lanes).
 	Consumer = "senders"
+	// ConsumerUrgent and ConsumerBulk are the urgent and bulk lanes'.
+	ConsumerUrgent = "senders_urgent"
+	ConsumerBulk   = "senders_bulk"
 )
+
+// Lane is one priority's share of the work stream: the subject the relay
+// publishes its rows to and the durable consumer the senders pull it from.
+type Lane struct {
+	// Priority is 1 (urgent), 2 (normal) or 3 (bulk).
+	Priority int
+	// Name is "urgent", "normal" or "bulk" (a metric label).
+	Name string
+	// Subject is sms.send.<priority>.
+	Subject string
+	// Consumer is the lane's durable pull consumer.
+	Consumer string
+}
+
+// Lanes are the priority lanes, most urgent first.
+var Lanes = []Lane{
+	{Priority: 1, Name: "urgent", Subject: SubjectSend + ".1", Consumer: ConsumerUrgent},
+	{Priority: 2, Name: "normal", Subject: SubjectSend + ".2", Consumer: Consumer},
+	{Priority: 3, Name: "bulk", Subject: SubjectSend + ".3", Consumer: ConsumerBulk},
+}
+
+// LaneOf returns the lane of priority p; anything but 1 and 3 is normal.
+func LaneOf(p int) Lane {
+	switch p {
+	case 1:
+		return Lanes[0]
+	case 3:
+		return Lanes[2]
+	}
+	return Lanes[1]
+}
 
 // Topology is the set of streams and consumers that sendonce needs.
 type Topology struct {

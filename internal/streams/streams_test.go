@@ -103,7 +103,8 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantCreated := []string{"created stream SMS", "created stream SMS_DLQ", "created consumer SMS/senders"}
+	wantCreated := []string{"created stream SMS", "created stream SMS_DLQ", "created consumer SMS/senders",
+		"created consumer SMS/senders_bulk", "created consumer SMS/senders_urgent"}
 	if !slices.Equal(changed, wantCreated) {
 		t.Fatalf("first Ensure = %q, want %q", changed, wantCreated)
 	}
@@ -206,6 +207,32 @@ func TestEnsureConcurrentStartUps(t *testing.T) {
 	for _, c := range []string{"created stream SMS", "created stream SMS_DLQ", "created consumer SMS/senders"} {
 		if counts[c] == 0 {
 			t.Errorf("no start-up reported %q (all: %v)", c, counts)
+		}
+	}
+}
+
+// Each lane's consumer takes exactly its lane's subject; the normal lane's
+// also the subject of publications from before lanes.
+func TestLanesMatchTheConsumers(t *testing.T) {
+	t.Parallel()
+	topo, err := streams.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range streams.Lanes {
+		c, err := topo.Consumer(streams.Stream, l.Consumer)
+		if err != nil {
+			t.Fatalf("lane %s: %v", l.Name, err)
+		}
+		subjects := append([]string{c.FilterSubject}, c.FilterSubjects...)
+		if !slices.Contains(subjects, l.Subject) {
+			t.Errorf("lane %s: consumer %s filters %q, not %s", l.Name, l.Consumer, subjects, l.Subject)
+		}
+		if l.Priority == 2 && !slices.Contains(subjects, streams.SubjectSend) {
+			t.Errorf("the normal lane does not take %s", streams.SubjectSend)
+		}
+		if streams.LaneOf(l.Priority) != l {
+			t.Errorf("LaneOf(%d) = %+v", l.Priority, streams.LaneOf(l.Priority))
 		}
 	}
 }
