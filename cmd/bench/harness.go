@@ -21,10 +21,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 // bench holds what lives across scenarios: the configuration, the database
@@ -103,6 +105,8 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		{"pipeline", b.pipeline},
 		{"latency", b.latency},
 		{"scaleout", b.scaleOut},
+		{"priority", b.priority},
+		{"ratelimit", b.rateLimit},
 	}
 	var errs []error
 	for _, st := range steps {
@@ -194,12 +198,16 @@ type env struct {
 	nc      *nats.Conn
 	nats    *child
 	stub    *child
+	// stubArgs and senderEnv are a scenario's extra stub flags and sender
+	// settings.
+	stubArgs  []string
+	senderEnv []string
 }
 
 // newEnv empties the outbox, starts a fresh NATS server (or clears the
 // external one) and, when stubLatency is not negative, a fresh stub.
-func (b *bench) newEnv(ctx context.Context, name string, stubLatency time.Duration) (*env, error) {
-	e := &env{b: b, name: name}
+func (b *bench) newEnv(ctx context.Context, name string, stubLatency time.Duration, stubArgs ...string) (*env, error) {
+	e := &env{b: b, name: name, stubArgs: stubArgs}
 	if err := b.truncate(ctx); err != nil {
 		return nil, err
 	}
@@ -230,14 +238,14 @@ func (b *bench) newEnv(ctx context.Context, name string, stubLatency time.Durati
 		if err != nil {
 			return nil, err
 		}
-		for _, s := range []string{streams.Stream, streams.DeadLetterStream} {
+		for _, s := range []string{streams.Stream, streams.DeadLetterStream, "KV_" + flow.DefaultBucket} {
 			if err := js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return nil, fmt.Errorf("delete stream %s: %w", s, err)
 			}
 		}
 	}
 	if stubLatency >= 0 {
-		args := []string{"-addr", "127.0.0.1:0", "-latency", stubLatency.String(), "-log-level", "warn"}
+		args := append([]string{"-addr", "127.0.0.1:0", "-latency", stubLatency.String(), "-log-level", "warn"}, e.stubArgs...)
 		p, err := b.start(name+"-smsstub", "smsstub", filepath.Join(b.cfg.binDir, "smsstub"), args, []string{"SMS_API_KEY=" + b.apiKey}, "")
 		if err != nil {
 			return nil, err
@@ -279,6 +287,7 @@ func (e *env) startRelay(ctx context.Context) (time.Time, error) {
 func (e *env) startSenders(ctx context.Context, n int) (time.Time, error) {
 	env := append(e.processEnv(), "SMS_API_BASE="+e.stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+e.b.apiKey,
 		"SENDER_CONCURRENCY="+strconv.Itoa(e.b.cfg.concurrency))
+	env = append(env, e.senderEnv...)
 	var ps []*child
 	for i := range n {
 		p, err := e.b.start(fmt.Sprintf("%s-sender-%d", e.name, i+1), "sender", filepath.Join(e.b.cfg.binDir, "sender"), nil, env, "sender started")
@@ -315,7 +324,8 @@ func (e *env) subscribe(record bool) (*sendCounter, error) {
 	if record {
 		c.first = make(map[uuid.UUID]time.Time, 1<<14)
 	}
-	sub, err := e.nc.Subscribe(streams.SubjectSend, func(m *nats.Msg) {
+	// Every lane: sms.send.<priority>.
+	sub, err := e.nc.Subscribe(streams.SubjectSend+".>", func(m *nats.Msg) {
 		at := time.Now()
 		c.n.Add(1)
 		if c.first == nil {
@@ -332,7 +342,7 @@ func (e *env) subscribe(record bool) (*sendCounter, error) {
 		c.mu.Unlock()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("subscribe %s: %w", streams.SubjectSend, err)
+		return nil, fmt.Errorf("subscribe %s.>: %w", streams.SubjectSend, err)
 	}
 	if err := sub.SetPendingLimits(-1, -1); err != nil {
 		return nil, err
@@ -364,6 +374,11 @@ func (b *bench) truncate(ctx context.Context) error {
 // scenario starts from the same state (no dirty buffers from the load, a
 // planner that knows the table). Numbers are fictitious and never logged.
 func (b *bench) copyRows(ctx context.Context, n int, status string) error {
+	return b.copyRowsWith(ctx, n, status, outbox.Normal)
+}
+
+// copyRowsWith is copyRows with the rows' priority.
+func (b *bench) copyRowsWith(ctx context.Context, n int, status string, p outbox.Priority) error {
 	i := 0
 	src := pgx.CopyFromFunc(func() ([]any, error) {
 		if i == n {
@@ -371,9 +386,9 @@ func (b *bench) copyRows(ctx context.Context, n int, status string) error {
 		}
 		i++
 		return []any{uuid.New(), fmt.Sprintf("+1555%07d", i%10_000_000),
-			fmt.Sprintf("Your sendonce bench code is %06d. It expires in 10 minutes.", i%1_000_000), status}, nil
+			fmt.Sprintf("Your sendonce bench code is %06d. It expires in 10 minutes.", i%1_000_000), status, int16(p)}, nil
 	})
-	if _, err := b.pool.CopyFrom(ctx, pgx.Identifier{"sms_outbox"}, []string{"id", "to_e164", "body", "status"}, src); err != nil {
+	if _, err := b.pool.CopyFrom(ctx, pgx.Identifier{"sms_outbox"}, []string{"id", "to_e164", "body", "status", "priority"}, src); err != nil {
 		return fmt.Errorf("copy %d rows: %w", n, err)
 	}
 	if _, err := b.pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {

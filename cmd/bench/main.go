@@ -51,7 +51,7 @@ import (
 func main() { proc.Main(run) }
 
 // scenarioNames lists the scenarios in the order they run.
-var scenarioNames = []string{"relay", "pipeline", "latency", "scaleout", "memory"}
+var scenarioNames = []string{"relay", "pipeline", "latency", "scaleout", "priority", "ratelimit", "memory"}
 
 type config struct {
 	databaseURL  string
@@ -75,6 +75,9 @@ type config struct {
 	scaleSenders int
 	scaleLatency time.Duration
 	timeout      time.Duration
+	bulkRows     int
+	urgentRows   int
+	limitWindow  time.Duration
 
 	selected map[string]bool
 }
@@ -142,6 +145,9 @@ func bind(s *envflag.Set, c *config) {
 	s.Int(&c.scaleRows, "scale-rows", "BENCH_SCALE_ROWS", 4000, 1, 10_000_000, "scaleout: queued rows per sender process")
 	s.Int(&c.scaleSenders, "scale-senders", "BENCH_SCALE_SENDERS", 4, 2, 32, "scaleout: sender processes compared with one")
 	s.Duration(&c.scaleLatency, "scale-latency", "BENCH_SCALE_LATENCY", 50*time.Millisecond, 0, time.Minute, "scaleout: provider stub latency")
+	s.Int(&c.bulkRows, "bulk-rows", "BENCH_BULK_ROWS", 50_000, 1, 10_000_000, "priority: bulk rows queued before the urgent ones")
+	s.Int(&c.urgentRows, "urgent-rows", "BENCH_URGENT_ROWS", 100, 1, 100_000, "priority: urgent rows enqueued at 10/s behind the bulk backlog")
+	s.Duration(&c.limitWindow, "ratelimit-duration", "BENCH_RATELIMIT_DURATION", 60*time.Second, time.Second, time.Hour, "ratelimit: how long the backlog lasts at the limit (200/s)")
 	s.Duration(&c.timeout, "timeout", "BENCH_TIMEOUT", 3*time.Minute, time.Second, 24*time.Hour, "give up on a scenario that has not finished by then")
 	s.Check(func() error {
 		sel, err := parseOnly(c.only)
@@ -190,5 +196,8 @@ func applyQuick(c *config, fs *flag.FlagSet, getenv func(string) string) {
 	shrink("duration", "BENCH_DURATION", func() { c.duration = 3 * time.Second })
 	shrink("warmup", "BENCH_WARMUP", func() { c.warmup = 500 * time.Millisecond })
 	shrink("scale-rows", "BENCH_SCALE_ROWS", func() { c.scaleRows = 600 })
+	shrink("bulk-rows", "BENCH_BULK_ROWS", func() { c.bulkRows = 5000 })
+	shrink("urgent-rows", "BENCH_URGENT_ROWS", func() { c.urgentRows = 20 })
+	shrink("ratelimit-duration", "BENCH_RATELIMIT_DURATION", func() { c.limitWindow = 12 * time.Second })
 	shrink("timeout", "BENCH_TIMEOUT", func() { c.timeout = time.Minute })
 }
