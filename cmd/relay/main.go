@@ -40,7 +40,7 @@ type command struct {
 // commands are relay's subcommands, in the order "relay -h" lists them.
 func commands() []command {
 	return []command{
-		{"migrate", "[-down N]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
+		{"migrate", "[-down N [-force]]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
 		{"dlq", "list|replay [flags]", "list dead letters, or put dead and unknown rows back to pending", opsCommand("dlq")},
 		{"trace", "ID", "show a row (number masked), its attempts and its dead letters", opsCommand("trace")},
 	}
@@ -133,17 +133,20 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		return code
 	}
 	log := root.With("component", "relay")
-	if err := migrateDB(ctx, c.DatabaseURL, c.down, log); err != nil {
+	if err := migrateDB(ctx, c, root); err != nil {
 		log.Error("migrate failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-// migrateConfig is what relay migrate needs: the database, the logs.
+// migrateConfig is what relay migrate needs: the database, the logs, and
+// how to migrate.
 type migrateConfig struct {
 	service.Settings
-	down int
+	down        int
+	force       bool
+	lockTimeout time.Duration
 }
 
 func bindMigrate(s *envflag.Set, c *migrateConfig) {
@@ -152,13 +155,19 @@ func bindMigrate(s *envflag.Set, c *migrateConfig) {
 	s.Required(&c.DatabaseURL, "database-url")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
-	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying")
+	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying (refused while sms_outbox holds rows: roll back binaries, not schema)")
+	s.FlagSet().BoolVar(&c.force, "force", false, "with -down: revert even though sms_outbox holds rows (destroys data)")
+	s.FlagSet().DurationVar(&c.lockTimeout, "lock-timeout", migrate.DefaultLockTimeout, "longest a migration statement waits for a table lock (and so the longest an application's insert waits behind it); the migration is tried again after")
 }
 
-func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logger) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+// migrateDB applies (or reverts) the migrations. Nothing bounds the whole
+// run: building an index or validating a constraint on a large table takes
+// as long as it takes while writes go on; SIGTERM stops it.
+func migrateDB(ctx context.Context, c migrateConfig, root *slog.Logger) error {
+	log := root.With("component", "relay")
+	connCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	conn, created, err := migrate.EnsureDatabase(ctx, databaseURL)
+	conn, created, err := migrate.EnsureDatabase(connCtx, c.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
@@ -170,12 +179,16 @@ func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	if down > 0 {
-		v, err := migrate.Down(ctx, conn, migs, down)
+	m, err := migrate.New(migrate.Config{LockTimeout: c.lockTimeout, Force: c.force, Logger: root})
+	if err != nil {
+		return fmt.Errorf("-lock-timeout: %w", err)
+	}
+	if c.down > 0 {
+		v, err := m.Down(ctx, conn, migs, c.down)
 		log.Info("migrations reverted", "versions", v)
 		return err
 	}
-	v, err := migrate.Up(ctx, conn, migs)
+	v, err := m.Up(ctx, conn, migs)
 	log.Info("migrations applied", "versions", v, "latest", migs[len(migs)-1].Version)
 	return err
 }

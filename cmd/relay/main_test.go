@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sendonce/sendonce"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -204,5 +207,78 @@ func TestRetentionMustCoverTheStreamsMaxAge(t *testing.T) {
 		if (err == nil) != tt.ok || (err != nil && !strings.Contains(err.Error(), "OUTBOX_RETENTION")) {
 			t.Errorf("retention %s: %v", tt.retention, err)
 		}
+	}
+}
+
+// migrateTo applies the migrations up to and including version to the
+// database at url.
+func migrateTo(t *testing.T, url string, version int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upTo []migrate.Migration
+	for _, m := range migs {
+		if m.Version <= version {
+			upTo = append(upTo, m)
+		}
+	}
+	if _, err := migrate.Up(ctx, conn, upTo); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A relay of this release on a database that `relay migrate` of this
+// release has not migrated yet refuses to start, and says which version it
+// found and which it needs; `relay migrate` itself runs (it is how to fix it).
+func TestRefusesASchemaOlderThanItNeeds(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	migrateTo(t, url, 5)
+	migs, _ := migrate.Load(sendonce.Migrations, "migrations")
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": ""}
+	var out, errOut testkit.Buffer
+	code := run(context.Background(), []string{"relay"}, testkit.EnvMap(env), &out, &errOut)
+	want := fmt.Sprintf("found version 5, need version %d", migrate.Latest(migs))
+	if code != 1 || !strings.Contains(errOut.String(), want) {
+		t.Fatalf("exit %d, stderr %q; want exit 1 saying %q", code, errOut.String(), want)
+	}
+	var mout, merr testkit.Buffer
+	if code := run(context.Background(), []string{"relay", "migrate"}, testkit.EnvMap(env), &mout, &merr); code != 0 {
+		t.Fatalf("migrate: exit %d: %s", code, merr.String())
+	}
+}
+
+// `relay migrate -down` refuses a table with rows unless -force.
+func TestMigrateDownNeedsForceOnATableWithRows(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, "+15551230000", "still needed")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	env := testkit.EnvMap(map[string]string{"DATABASE_URL": url})
+	var out, errOut testkit.Buffer
+	if code := run(ctx, []string{"relay", "migrate", "-down", "1"}, env, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "-force") {
+		t.Fatalf("down without -force: exit %d, stderr %q", code, errOut.String())
+	}
+	var fout, ferr testkit.Buffer
+	if code := run(ctx, []string{"relay", "migrate", "-down", "1", "-force"}, env, &fout, &ferr); code != 0 {
+		t.Fatalf("down -force: exit %d, stderr %q", code, ferr.String())
 	}
 }

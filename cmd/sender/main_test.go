@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sendonce/sendonce"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
@@ -167,3 +170,32 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 
 // docs/configuration.md lists every setting, generated from bind (make docs).
 func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "sender", bind) }
+
+// A sender of this release on a database not yet migrated to the version it
+// needs refuses to start and says which version it found and needs (before,
+// it started and failed every claim while /readyz said ready).
+func TestRefusesASchemaOlderThanItNeeds(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, conn, migs[:5]); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "",
+		"SMS_API_BASE": "http://127.0.0.1:9", "SMS_API_ALLOW_INSECURE": "true"}
+	var out, errOut testkit.Buffer
+	code := run(ctx, []string{"sender"}, testkit.EnvMap(env), &out, &errOut)
+	want := fmt.Sprintf("found version 5, need version %d", migrate.Latest(migs))
+	if code != 1 || !strings.Contains(errOut.String(), want) {
+		t.Fatalf("exit %d, stderr %q; want exit 1 saying %q", code, errOut.String(), want)
+	}
+}

@@ -120,8 +120,12 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultLockTimeout is Config.LockTimeout's default, also the default of
+// `relay migrate -lock-timeout`.
+const DefaultLockTimeout = 2 * time.Second
+
 func (c *Config) setDefaults() {
-	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
+	c.LockTimeout = cmp.Or(c.LockTimeout, DefaultLockTimeout)
 	c.LockRetries = cmp.Or(c.LockRetries, 30)
 	c.RetryWait = cmp.Or(c.RetryWait, time.Second)
 	if c.Logger == nil {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sendonce/sendonce"
 )
 
 // Querier is what CheckVersion needs: a pool, a connection or a
@@ -52,4 +54,17 @@ func CheckVersion(ctx context.Context, q Querier, need int) (int, error) {
 		return found, fmt.Errorf("%w: found version %d, need version %d: run `relay migrate` of this release first", ErrSchemaTooOld, found, need)
 	}
 	return found, nil
+}
+
+// CheckEmbedded is CheckVersion against the newest migration this binary
+// embeds: the start-up check of every long-running command. It returns the
+// version found and the version needed.
+func CheckEmbedded(ctx context.Context, q Querier) (found, need int, err error) {
+	migs, err := Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		return 0, 0, err
+	}
+	need = Latest(migs)
+	found, err = CheckVersion(ctx, q, need)
+	return found, need, err
 }

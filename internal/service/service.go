@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -103,9 +104,10 @@ type Conns struct {
 	Topology *streams.Topology
 }
 
-// Open connects to Postgres and NATS within ctx and ensures (or, with
-// EnsureTopology false, checks) the streams and the consumer. Errors name
-// the setting to check.
+// Open connects to Postgres, checks that its schema is at least the version
+// this binary's migrations reach, connects to NATS and ensures (or, with
+// EnsureTopology false, checks) the streams and the consumer, all within
+// ctx. Errors name the setting to check.
 func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns, error) {
 	poolCfg, err := outbox.PoolConfig(c.DatabaseURL)
 	if err != nil {
@@ -120,6 +122,15 @@ func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns,
 		pool.Close()
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
+	// A binary on a schema older than it needs would fail every statement
+	// that touches what the newer migrations added: refuse, and say which
+	// versions (the upgrade order is migrate first, then the binaries).
+	found, need, err := migrate.CheckEmbedded(ctx, pool)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	log.Info("schema version", "found", found, "need", need)
 	nc, js, err := natsconn.Connect(NATSConfig(c.NATS, o, log))
 	if err != nil {
 		pool.Close()
