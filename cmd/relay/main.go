@@ -26,7 +26,6 @@ import (
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/telemetry"
 )
 
 func main() { proc.Main(run) }
@@ -196,23 +195,32 @@ func migrateDB(ctx context.Context, c migrateConfig, root *slog.Logger) error {
 // root goes to the packages, which name their component on it; log is
 // the command's own.
 func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conns, err := service.Open(startCtx, c.Settings, service.Options{
-		Name: "sendonce-relay", PublishWindow: c.publishWindow, PublishAckTimeout: c.ackTimeout,
-		// A connection per worker, plus the reconciler, retention, the depth
-		// gauges and /readyz (the LISTEN connection is its own).
-		MinConns: int32(c.workers) + 4,
-	}, log)
+	tel, err := service.StartTelemetry(c.HTTPAddr, log)
 	if err != nil {
 		return err
 	}
+	defer tel.Stop()
+	conns, err := service.Open(ctx, c.Settings, service.Options{
+		Telemetry: tel, Name: "sendonce-relay", PublishWindow: c.publishWindow, PublishAckTimeout: c.ackTimeout,
+		// A connection per worker, plus the reconciler, retention, the
+		// monitor and the dependency gauge (the LISTEN connection is its own).
+		MinConns: int32(c.workers) + 4,
+	}, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("relay stopped before it started", "err", err)
+			return nil
+		}
+		return err
+	}
 	defer conns.Close()
+	startCtx, cancel := context.WithTimeout(ctx, service.StartTimeout)
+	defer cancel()
 	if err := checkRetention(c.retention, conns.Topology); err != nil {
 		return err
 	}
 
-	reg := telemetry.NewRegistry()
+	reg := tel.Registry
 	r, err := relay.New(relay.Config{
 		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
 		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.DBTimeout,
@@ -245,11 +253,9 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		loops = append(loops, ret.Run)
 	}
 	reg.MustRegister(relay.NewDepthCollector(conns.Pool, log))
-	stopHTTP, err := conns.Serve(c.HTTPAddr, reg, log)
-	if err != nil {
-		return err
-	}
-	defer stopHTTP()
+	// Ready from local state only: the NATS connection and the relay's
+	// own batches (which touch Postgres and NATS every poll interval).
+	tel.SetReady(r.Ready)
 	log.Info("relay started", "batch_size", c.batchSize, "workers", c.workers, "publish_window", c.publishWindow,
 		"reconcile", c.reconcile, "retention", c.retention.String())
 	if err := conns.Run(ctx, c.ShutdownTimeout, log, loops...); err != nil {

@@ -20,7 +20,6 @@ import (
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/service"
-	"github.com/sendonce/sendonce/internal/telemetry"
 )
 
 func main() { proc.Main(run) }
@@ -144,18 +143,25 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		return fmt.Errorf("SMS_API_BASE: %w", err)
 	}
 
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conns, err := service.Open(startCtx, c.Settings, service.Options{
+	tel, err := service.StartTelemetry(c.HTTPAddr, log)
+	if err != nil {
+		return err
+	}
+	defer tel.Stop()
+	conns, err := service.Open(ctx, c.Settings, service.Options{
 		// One connection per claim and status-write loop, plus headroom.
-		Name: "sendonce-sender", MinConns: 8,
+		Telemetry: tel, Name: "sendonce-sender", MinConns: 8,
 	}, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("sender stopped before it started", "err", err)
+			return nil
+		}
 		return err
 	}
 	defer conns.Close()
 
-	reg := telemetry.NewRegistry()
+	reg := tel.Registry
 	snd, err := sender.New(sender.Config{
 		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Concurrency: c.concurrency,
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
@@ -164,11 +170,15 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	stopHTTP, err := conns.Serve(c.HTTPAddr, reg, log)
-	if err != nil {
-		return err
+	// Ready from local state only: the NATS connection and the sender's own
+	// fetches and claims. A message may wait for a free slot about a lease:
+	// allow twice that, and at least a minute.
+	lease := c.lease
+	if lease == 0 {
+		lease = 2*c.apiTimeout + 5*time.Second
 	}
-	defer stopHTTP()
+	stall := max(time.Minute, 2*lease)
+	tel.SetReady(func() error { return snd.Ready(stall) })
 	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(), "api_timeout", c.apiTimeout.String())
 	// The sender itself gives up on what it holds at the shutdown timeout;
 	// the wait here is the backstop for a drain stuck elsewhere.

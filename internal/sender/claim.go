@@ -67,6 +67,7 @@ func (s *Sender) claimLoop(ctx, hold context.Context, in <-chan jetstream.Msg, s
 // and gives its slot back.
 func (s *Sender) claimBatch(ctx, hold context.Context, batch []jetstream.Msg, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
 	release := func() { <-slots }
+	s.health.taken()
 	byID := make(map[uuid.UUID][]held, len(batch))
 	ids := make([]uuid.UUID, 0, len(batch))
 	for _, m := range batch {
@@ -150,12 +151,14 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, b
 		claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, s.cfg.Lease, token)
 		cancel()
 		if err == nil {
+			s.health.claimed()
 			if failures > 0 {
 				s.log.Info("claim answered after failures; the messages were held meanwhile", "failures", failures, "messages", len(ids))
 			}
 			return claims, true
 		}
 		failures++
+		s.health.claimFailed()
 		s.metrics.dbRetries.WithLabelValues("claim").Inc()
 		d := min(5*time.Second, 100*time.Millisecond<<min(failures, 6))
 		if retrying(failures) {

@@ -59,6 +59,7 @@ type Sender struct {
 	maxDeliver int
 	// heartbeat is the InProgress interval that holds a message.
 	heartbeat time.Duration
+	health    health // progress for Ready (health.go)
 }
 
 // New returns a Sender, or an error naming the invalid setting.
@@ -98,6 +99,7 @@ func (s *Sender) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sender: start consuming: %w", err)
 	}
+	s.health.started()
 	// hold is done ShutdownTimeout after ctx: until then, work in hand is
 	// retried through outages.
 	hold, cancelHold := context.WithCancel(context.WithoutCancel(ctx))
@@ -168,6 +170,7 @@ func (s *Sender) read(ctx context.Context, it jetstream.MessagesContext, in chan
 				return
 			}
 			failures++
+			s.health.fetchFailed()
 			s.log.Warn("fetch failed", "err", err)
 			if !sleep(ctx, min(5*time.Second, 50*time.Millisecond<<min(failures, 7))) {
 				return
@@ -175,6 +178,7 @@ func (s *Sender) read(ctx context.Context, it jetstream.MessagesContext, in chan
 			continue
 		}
 		failures = 0
+		s.health.fetched()
 		select {
 		case in <- m:
 		case <-ctx.Done():
