@@ -88,7 +88,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.reconcile, "reconcile", "RECONCILE", true, "run the reconciler, which republishes or finalises rows stuck in queued or sending")
 	s.Duration(&c.reconcileInt, "reconcile-interval", "RECONCILE_INTERVAL", 30*time.Second, 10*time.Millisecond, time.Hour, "time between reconciler passes")
 	s.Duration(&c.reconcileAge, "reconcile-grace", "RECONCILE_GRACE", 2*time.Minute, time.Millisecond, 24*time.Hour, "how long past its retry time a queued row, or past the end of its claim's lease a sending row, waits before it counts as stuck; must exceed the consumer's AckWait (each claim's lease is stamped in its row, so the senders' SENDER_LEASE need not be known here)")
-	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", relay.DefaultRetentionAge, 0, 10*365*24*time.Hour, "keep finished rows (and their attempts) this long after their last change; 0 keeps them forever")
+	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", relay.DefaultRetentionAge, 0, 10*365*24*time.Hour, "keep finished rows (sent, dead; never unknown, which wait for a person) and their attempts this long after their last change; by default as long as SMS_DLQ keeps dead letters; 0 keeps them forever")
 	s.Duration(&c.retentionInt, "retention-interval", "RETENTION_INTERVAL", relay.DefaultRetentionInterval, 10*time.Millisecond, 24*time.Hour, "time between retention purges")
 }
 
@@ -229,6 +229,9 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if err := r.CheckDuplicateWindow(startCtx); err != nil {
+		log.Warn("duplicate window shorter than the relay's republication horizon: a failed batch's rows may reach the senders twice (their claim still stops a second send)", "err", err)
+	}
 	loops := []func(context.Context) error{r.Run}
 	if c.reconcile {
 		rec, err := relay.NewReconciler(relay.ReconcilerConfig{
@@ -252,7 +255,11 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		}
 		loops = append(loops, ret.Run)
 	}
-	reg.MustRegister(relay.NewDepthCollector(conns.Pool, log))
+	mon, err := relay.NewMonitor(relay.MonitorConfig{Pool: conns.Pool, JetStream: conns.JS, Logger: root, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	loops = append(loops, mon.Run)
 	// Ready from local state only: the NATS connection and the relay's
 	// own batches (which touch Postgres and NATS every poll interval).
 	tel.SetReady(r.Ready)

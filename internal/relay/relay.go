@@ -123,6 +123,31 @@ func (c *Config) batchBound() time.Duration {
 	return c.DBTimeout + c.AckTimeout + c.DBTimeout
 }
 
+// RepublishHorizon is the longest time between two publications of one row
+// under the same Nats-Msg-Id while Postgres answers: a failed batch rolls
+// its rows back to pending after at most its bound, and the next batch
+// comes after at most the longest backoff (5s). The SMS stream's Duplicates
+// window must exceed it, by as much Postgres outage as JetStream should
+// deduplicate (past the window a republication is stopped by the senders'
+// claim instead: harmless, one more delivery).
+func (c Config) RepublishHorizon() time.Duration {
+	c.setDefaults()
+	return c.batchBound() + 5*time.Second
+}
+
+// CheckDuplicateWindow returns an error when the stream's Duplicates window
+// is shorter than RepublishHorizon.
+func (r *Relay) CheckDuplicateWindow(ctx context.Context) error {
+	s, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("relay: stream %s: %w", r.cfg.Stream, err)
+	}
+	if w, h := s.CachedInfo().Config.Duplicates, r.cfg.RepublishHorizon(); w < h {
+		return fmt.Errorf("relay: stream %s deduplicates for %s, less than a failed batch's republication may take (%s: 2 x DB_TIMEOUT + RELAY_ACK_TIMEOUT + 5s); raise duplicate_window or lower the timeouts", r.cfg.Stream, w, h)
+	}
+	return nil
+}
+
 // Relay publishes pending outbox rows to JetStream.
 type Relay struct {
 	cfg     Config
