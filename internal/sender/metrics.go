@@ -8,6 +8,7 @@ import (
 
 type metrics struct {
 	outcomes        *prometheus.CounterVec
+	decisions       *prometheus.CounterVec
 	deadLetters     *prometheus.CounterVec
 	providerSeconds prometheus.Histogram
 	commitToSent    prometheus.Histogram
@@ -23,8 +24,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_sender_attempts_total",
-			Help: "Provider attempts and decisions by outcome class (sent, retry, permanent, ambiguous, max_attempts, invalid).",
+			Help: "Provider attempts (calls made) by outcome class (sent, retry, permanent, ambiguous).",
 		}, []string{"outcome"}),
+		// Decisions are kept apart from attempts: an error ratio over
+		// attempts must not count messages finished without a call.
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_sender_decisions_total",
+			Help: "Messages finished without a provider call, by decision: ambiguous (an earlier attempt died mid-call at a provider without idempotency), max_attempts (budget spent), invalid (not a relay message).",
+		}, []string{"decision"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_dead_letters_total",
 			Help: "Dead letters published, by reason.",
@@ -66,8 +73,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	// Every series exists from the start at 0, so that rate() and
 	// increase() see the first event of a kind.
-	for _, o := range []string{"sent", "retry", "permanent", "ambiguous", "max_attempts", "invalid"} {
+	for _, o := range []string{"sent", "retry", "permanent", "ambiguous"} {
 		m.outcomes.WithLabelValues(o)
+	}
+	for _, d := range []string{"ambiguous", "max_attempts", "invalid"} {
+		m.decisions.WithLabelValues(d)
 	}
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
 		m.deadLetters.WithLabelValues(r)
@@ -76,11 +86,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.dbRetries.WithLabelValues(op)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}
 		}
 	}
 	return m, nil
+}
+
+// count records a verdict's class: a provider attempt's outcome when a call
+// was made, else the decision made without one.
+func (m *metrics) count(called bool, outcome string) {
+	switch {
+	case called:
+		m.outcomes.WithLabelValues(outcome).Inc()
+	case outcome != "":
+		m.decisions.WithLabelValues(outcome).Inc()
+	}
 }
