@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 CMDS    := relay sender smsstub demo soak bench
 
-.PHONY: build crash-build demo soak bench test docs vet clean fuzz
+.PHONY: build crash-build demo soak bench bench-retention test docs vet clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
@@ -24,6 +24,12 @@ soak: build crash-build
 
 bench: build
 	./$(BIN)/bench
+
+# bench-retention: retention on a large table, DELETE-based purge against
+# dropping a day's partitions, on SENDONCE_RETENTION_BENCH_ROWS rows (default
+# 10,000,000; loading them takes minutes). Not part of make test.
+bench-retention:
+	$(GO) test -run '^$$' -bench BenchmarkRetentionDeleteVsPartitionDrop -benchtime 1x -timeout 60m -v ./internal/relay/
 
 test:
 	$(GO) test -race -count=1 -timeout 30m ./...

@@ -63,13 +63,52 @@ EOF
 fi
 
 # Annotations reach pagers and chat: no values, ids, numbers or bodies. Only
-# the job and instance labels may be templated.
-step "annotations template nothing but job and instance"
-if grep -nE '\{\{' "$RULES" | grep -vE '^[^{]*(\{\{ \$labels\.(job|instance) \}\}[^{]*)+$'; then
-	echo "  FAILED: the lines above template something other than \$labels.job / \$labels.instance" >&2
+# the target labels (job, instance, namespace) and labels with a fixed set of
+# values (reason, stream, table, measure) may be templated.
+step "annotations template nothing but target labels and fixed label sets"
+if grep -nE '\{\{' "$RULES" | grep -vE '^[^{]*(\{\{ \$labels\.(job|instance|namespace|reason|stream|table|measure) \}\}[^{]*)+$'; then
+	echo "  FAILED: the lines above template something else (a value, an id?)" >&2
 	exit 1
 fi
 echo "  SUCCESS"
+
+# One name per alert (a route or a silence by name must mean one thing);
+# every rule groups by namespace (environments never mix) unless it looks
+# for an absent series; every alert links its runbook section, and the
+# section exists.
+step "unique names, grouping by namespace, runbook sections"
+if ! python3 -c 'import yaml' 2>/dev/null; then
+	echo "  SKIPPED: python3 has no PyYAML (apt-get install python3-yaml)"
+else
+python3 - "$RULES" docs/operations.md <<'EOF2'
+import re, sys, yaml
+rules_file, runbook = sys.argv[1:]
+rules = [r for g in yaml.safe_load(open(rules_file))["groups"] for r in g["rules"] if "alert" in r]
+errs, seen = [], set()
+try:
+    headings = {re.sub(r"[^a-z0-9 -]", "", l.lstrip("#").strip().lower()).replace(" ", "-")
+                for l in open(runbook) if l.startswith("#")}
+except FileNotFoundError:
+    headings = set()
+    errs.append(f"{runbook} is missing")
+for r in rules:
+    a = r["alert"]
+    if a in seen:
+        errs.append(f"{a}: two alerts have this name")
+    seen.add(a)
+    if "namespace" not in r["expr"] and "absent(" not in r["expr"]:
+        errs.append(f"{a}: does not group by namespace")
+    url = r.get("annotations", {}).get("runbook_url", "")
+    m = re.fullmatch(r"https://github\.com/sendonce/sendonce/blob/main/docs/operations\.md#([a-z0-9-]+)", url)
+    if not m:
+        errs.append(f"{a}: runbook_url {url!r} is not a section of docs/operations.md")
+    elif m.group(1) not in headings:
+        errs.append(f"{a}: docs/operations.md has no section #{m.group(1)}")
+if errs:
+    sys.exit("\n".join(errs))
+print(f"  SUCCESS: {len(rules)} alerts")
+EOF2
+fi
 
 # --- config -----------------------------------------------------------------
 # dns_sd_configs names are not resolved at check time, so this passes
@@ -93,6 +132,8 @@ for k in ("uid", "title", "schemaVersion", "panels", "templating"):
         errs.append(f"missing top-level {k!r}")
 if not any(v.get("type") == "datasource" and v.get("name") == "datasource" for v in d.get("templating", {}).get("list", [])):
     errs.append("no 'datasource' template variable")
+if not any(v.get("name") == "namespace" for v in d.get("templating", {}).get("list", [])):
+    errs.append("no 'namespace' template variable")
 ids, exprs = set(), []
 for p in d.get("panels", []):
     if p.get("id") in ids:
@@ -107,6 +148,8 @@ for p in d.get("panels", []):
     for t in p.get("targets", []):
         if not t.get("expr"):
             errs.append(f"panel {p.get('title')!r}: target {t.get('refId')} has no expr")
+        elif "$namespace" not in t["expr"]:
+            errs.append(f"panel {p.get('title')!r}: target {t.get('refId')} ignores the namespace selector")
         else:
             exprs.append(t["expr"])
 if errs:

@@ -1,3 +1,4 @@
+-- sendonce:no-transaction
 -- Claims, leases and dead letters recorded in the row, so that a sender that
 -- loses an answer, or a process that dies, leaves facts behind, not guesses.
 
@@ -15,26 +16,49 @@
 -- letter_seq: the SMS_DLQ sequence of the row's dead letter; NULL on a dead
 -- or unknown row means the letter is still to be published (the reconciler
 -- publishes any a process died before publishing).
+--
+-- This file runs outside a transaction, one statement at a time: in one
+-- transaction, the UPDATE and the index build below ran under the ALTER
+-- TABLE's ACCESS EXCLUSIVE lock, stopping every insert for as long as they
+-- scanned the table (on 1,000,000 rows, inserts waited over 750 ms:
+-- TestLiveMigrationOfAMillionRows). Every statement is safe to run again.
+-- Databases that applied the earlier, transactional form of this file end in
+-- the same state and never run it again (migrations are recorded by version).
 ALTER TABLE sms_outbox
-    ADD COLUMN claim_id    uuid,
-    ADD COLUMN lease_until timestamptz,
-    ADD COLUMN end_reason  text
-               CONSTRAINT sms_outbox_end_reason_valid
-               CHECK (end_reason IN ('permanent', 'max_attempts', 'ambiguous', 'invalid')),
-    ADD COLUMN letter_seq  bigint;
+    ADD COLUMN IF NOT EXISTS claim_id    uuid,
+    ADD COLUMN IF NOT EXISTS lease_until timestamptz,
+    ADD COLUMN IF NOT EXISTS end_reason  text,
+    ADD COLUMN IF NOT EXISTS letter_seq  bigint;
+
+-- end_reason's check in two steps: added NOT VALID (no scan under the
+-- ALTER's lock; new writes are checked at once), then validated under a
+-- lock that lets writes go on.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                   WHERE conrelid = 'sms_outbox'::regclass AND conname = 'sms_outbox_end_reason_valid') THEN
+        ALTER TABLE sms_outbox ADD CONSTRAINT sms_outbox_end_reason_valid
+            CHECK (end_reason IN ('permanent', 'max_attempts', 'ambiguous', 'invalid')) NOT VALID;
+    END IF;
+END $$;
+ALTER TABLE sms_outbox VALIDATE CONSTRAINT sms_outbox_end_reason_valid;
 
 -- Rows finished before this migration had their letters published first.
+-- Row locks only (no lock that stops inserts); a second run leaves the rows
+-- the first one set.
 UPDATE sms_outbox
 SET letter_seq = 0,
     end_reason = CASE
         WHEN status = 'unknown' THEN 'ambiguous'
         WHEN last_error LIKE 'attempts exhausted%' THEN 'max_attempts'
         ELSE 'permanent' END
-WHERE status IN ('dead', 'unknown');
+WHERE status IN ('dead', 'unknown') AND letter_seq IS NULL;
 
 -- Serves the reconciler's search for letters still to publish: almost always
--- empty.
-CREATE INDEX sms_outbox_unlettered_idx ON sms_outbox (updated_at)
+-- empty. Built concurrently; a build that failed part-way leaves an invalid
+-- index of this name, dropped first.
+DROP INDEX CONCURRENTLY IF EXISTS sms_outbox_unlettered_idx;
+CREATE INDEX CONCURRENTLY sms_outbox_unlettered_idx ON sms_outbox (updated_at)
     WHERE status IN ('dead', 'unknown') AND letter_seq IS NULL;
 
 GRANT SELECT (claim_id, lease_until, end_reason, letter_seq),

@@ -26,7 +26,6 @@ import (
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/telemetry"
 )
 
 func main() { proc.Main(run) }
@@ -40,7 +39,7 @@ type command struct {
 // commands are relay's subcommands, in the order "relay -h" lists them.
 func commands() []command {
 	return []command{
-		{"migrate", "[-down N]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
+		{"migrate", "[-down N [-force]]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
 		{"dlq", "list|replay [flags]", "list dead letters, or put dead and unknown rows back to pending", opsCommand("dlq")},
 		{"trace", "ID", "show a row (number masked), its attempts and its dead letters", opsCommand("trace")},
 	}
@@ -89,7 +88,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.reconcile, "reconcile", "RECONCILE", true, "run the reconciler, which republishes or finalises rows stuck in queued or sending")
 	s.Duration(&c.reconcileInt, "reconcile-interval", "RECONCILE_INTERVAL", 30*time.Second, 10*time.Millisecond, time.Hour, "time between reconciler passes")
 	s.Duration(&c.reconcileAge, "reconcile-grace", "RECONCILE_GRACE", 2*time.Minute, time.Millisecond, 24*time.Hour, "how long past its retry time a queued row, or past the end of its claim's lease a sending row, waits before it counts as stuck; must exceed the consumer's AckWait (each claim's lease is stamped in its row, so the senders' SENDER_LEASE need not be known here)")
-	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", relay.DefaultRetentionAge, 0, 10*365*24*time.Hour, "keep finished rows (and their attempts) this long after their last change; 0 keeps them forever")
+	s.Duration(&c.retention, "outbox-retention", "OUTBOX_RETENTION", relay.DefaultRetentionAge, 0, 10*365*24*time.Hour, "keep finished rows (sent, dead; never unknown, which wait for a person) and their attempts this long after their last change; by default as long as SMS_DLQ keeps dead letters; 0 keeps them forever")
 	s.Duration(&c.retentionInt, "retention-interval", "RETENTION_INTERVAL", relay.DefaultRetentionInterval, 10*time.Millisecond, 24*time.Hour, "time between retention purges")
 }
 
@@ -133,17 +132,20 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		return code
 	}
 	log := root.With("component", "relay")
-	if err := migrateDB(ctx, c.DatabaseURL, c.down, log); err != nil {
+	if err := migrateDB(ctx, c, root); err != nil {
 		log.Error("migrate failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-// migrateConfig is what relay migrate needs: the database, the logs.
+// migrateConfig is what relay migrate needs: the database, the logs, and
+// how to migrate.
 type migrateConfig struct {
 	service.Settings
-	down int
+	down        int
+	force       bool
+	lockTimeout time.Duration
 }
 
 func bindMigrate(s *envflag.Set, c *migrateConfig) {
@@ -152,13 +154,19 @@ func bindMigrate(s *envflag.Set, c *migrateConfig) {
 	s.Required(&c.DatabaseURL, "database-url")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
-	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying")
+	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying (refused while sms_outbox holds rows: roll back binaries, not schema)")
+	s.FlagSet().BoolVar(&c.force, "force", false, "with -down: revert even though sms_outbox holds rows (destroys data)")
+	s.FlagSet().DurationVar(&c.lockTimeout, "lock-timeout", migrate.DefaultLockTimeout, "longest a migration statement waits for a table lock (and so the longest an application's insert waits behind it); the migration is tried again after")
 }
 
-func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logger) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+// migrateDB applies (or reverts) the migrations. Nothing bounds the whole
+// run: building an index or validating a constraint on a large table takes
+// as long as it takes while writes go on; SIGTERM stops it.
+func migrateDB(ctx context.Context, c migrateConfig, root *slog.Logger) error {
+	log := root.With("component", "relay")
+	connCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	conn, created, err := migrate.EnsureDatabase(ctx, databaseURL)
+	conn, created, err := migrate.EnsureDatabase(connCtx, c.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
@@ -170,12 +178,16 @@ func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	if down > 0 {
-		v, err := migrate.Down(ctx, conn, migs, down)
+	m, err := migrate.New(migrate.Config{LockTimeout: c.lockTimeout, Force: c.force, Logger: root})
+	if err != nil {
+		return fmt.Errorf("-lock-timeout: %w", err)
+	}
+	if c.down > 0 {
+		v, err := m.Down(ctx, conn, migs, c.down)
 		log.Info("migrations reverted", "versions", v)
 		return err
 	}
-	v, err := migrate.Up(ctx, conn, migs)
+	v, err := m.Up(ctx, conn, migs)
 	log.Info("migrations applied", "versions", v, "latest", migs[len(migs)-1].Version)
 	return err
 }
@@ -183,23 +195,32 @@ func migrateDB(ctx context.Context, databaseURL string, down int, log *slog.Logg
 // root goes to the packages, which name their component on it; log is
 // the command's own.
 func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conns, err := service.Open(startCtx, c.Settings, service.Options{
-		Name: "sendonce-relay", PublishWindow: c.publishWindow, PublishAckTimeout: c.ackTimeout,
-		// A connection per worker, plus the reconciler, retention, the depth
-		// gauges and /readyz (the LISTEN connection is its own).
-		MinConns: int32(c.workers) + 4,
-	}, log)
+	tel, err := service.StartTelemetry(c.HTTPAddr, log)
 	if err != nil {
 		return err
 	}
+	defer tel.Stop()
+	conns, err := service.Open(ctx, c.Settings, service.Options{
+		Telemetry: tel, Name: "sendonce-relay", PublishWindow: c.publishWindow, PublishAckTimeout: c.ackTimeout,
+		// A connection per worker, plus the reconciler, retention, the
+		// monitor and the dependency gauge (the LISTEN connection is its own).
+		MinConns: int32(c.workers) + 4,
+	}, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("relay stopped before it started", "err", err)
+			return nil
+		}
+		return err
+	}
 	defer conns.Close()
+	startCtx, cancel := context.WithTimeout(ctx, service.StartTimeout)
+	defer cancel()
 	if err := checkRetention(c.retention, conns.Topology); err != nil {
 		return err
 	}
 
-	reg := telemetry.NewRegistry()
+	reg := tel.Registry
 	r, err := relay.New(relay.Config{
 		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
 		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.DBTimeout,
@@ -207,6 +228,9 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	})
 	if err != nil {
 		return err
+	}
+	if err := r.CheckDuplicateWindow(startCtx); err != nil {
+		log.Warn("duplicate window shorter than the relay's republication horizon: a failed batch's rows may reach the senders twice (their claim still stops a second send)", "err", err)
 	}
 	loops := []func(context.Context) error{r.Run}
 	if c.reconcile {
@@ -231,12 +255,14 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		}
 		loops = append(loops, ret.Run)
 	}
-	reg.MustRegister(relay.NewDepthCollector(conns.Pool, log), relay.NewLaneCollector(conns.Pool, conns.JS, log))
-	stopHTTP, err := conns.Serve(c.HTTPAddr, reg, log)
+	mon, err := relay.NewMonitor(relay.MonitorConfig{Pool: conns.Pool, JetStream: conns.JS, Logger: root, Registerer: reg})
 	if err != nil {
 		return err
 	}
-	defer stopHTTP()
+	loops = append(loops, mon.Run)
+	// Ready from local state only: the NATS connection and the relay's
+	// own batches (which touch Postgres and NATS every poll interval).
+	tel.SetReady(r.Ready)
 	log.Info("relay started", "batch_size", c.batchSize, "workers", c.workers, "publish_window", c.publishWindow,
 		"reconcile", c.reconcile, "retention", c.retention.String())
 	if err := conns.Run(ctx, c.ShutdownTimeout, log, loops...); err != nil {

@@ -2,16 +2,23 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sendonce/sendonce"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testport"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -205,4 +212,148 @@ func TestRetentionMustCoverTheStreamsMaxAge(t *testing.T) {
 			t.Errorf("retention %s: %v", tt.retention, err)
 		}
 	}
+}
+
+// migrateTo applies the migrations up to and including version to the
+// database at url.
+func migrateTo(t *testing.T, url string, version int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upTo []migrate.Migration
+	for _, m := range migs {
+		if m.Version <= version {
+			upTo = append(upTo, m)
+		}
+	}
+	if _, err := migrate.Up(ctx, conn, upTo); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A relay of this release on a database that `relay migrate` of this
+// release has not migrated yet refuses to start, and says which version it
+// found and which it needs; `relay migrate` itself runs (it is how to fix it).
+func TestRefusesASchemaOlderThanItNeeds(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	migrateTo(t, url, 5)
+	migs, _ := migrate.Load(sendonce.Migrations, "migrations")
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": ""}
+	var out, errOut testkit.Buffer
+	code := run(context.Background(), []string{"relay"}, testkit.EnvMap(env), &out, &errOut)
+	want := fmt.Sprintf("found version 5, need version %d", migrate.Latest(migs))
+	if code != 1 || !strings.Contains(errOut.String(), want) {
+		t.Fatalf("exit %d, stderr %q; want exit 1 saying %q", code, errOut.String(), want)
+	}
+	var mout, merr testkit.Buffer
+	if code := run(context.Background(), []string{"relay", "migrate"}, testkit.EnvMap(env), &mout, &merr); code != 0 {
+		t.Fatalf("migrate: exit %d: %s", code, merr.String())
+	}
+}
+
+// `relay migrate -down` refuses a table with rows unless -force.
+func TestMigrateDownNeedsForceOnATableWithRows(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, "+15551230000", "still needed")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	env := testkit.EnvMap(map[string]string{"DATABASE_URL": url})
+	var out, errOut testkit.Buffer
+	if code := run(ctx, []string{"relay", "migrate", "-down", "1"}, env, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "-force") {
+		t.Fatalf("down without -force: exit %d, stderr %q", code, errOut.String())
+	}
+	var fout, ferr testkit.Buffer
+	if code := run(ctx, []string{"relay", "migrate", "-down", "1", "-force"}, env, &fout, &ferr); code != 0 {
+		t.Fatalf("down -force: exit %d, stderr %q", code, ferr.String())
+	}
+}
+
+// get returns the status code and body of GET url (0 when unreachable).
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A relay started while NATS is down waits for it, alive (/healthz 200) but
+// not ready, instead of exiting into a crash loop; once NATS is up it
+// creates the topology and relays.
+func TestStartsWhileNATSIsDown(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	srv.Stop()
+	base := "http://127.0.0.1:" + strconv.Itoa(testport.Reserve(t))
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": strings.TrimPrefix(base, "http://"), "RELAY_POLL_INTERVAL": "50ms"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	var out, errOut testkit.Buffer
+	go func() { done <- run(ctx, []string{"relay"}, testkit.EnvMap(env), &out, &errOut) }()
+	testkit.WaitFor(t, 30*time.Second, "/healthz while NATS is down", func() bool { code, _ := get(base + "/healthz"); return code == 200 })
+	if code, body := get(base + "/readyz"); code != 503 {
+		t.Fatalf("/readyz without NATS = %d %q, want 503", code, body)
+	}
+	select {
+	case code := <-done:
+		t.Fatalf("relay exited %d while NATS was down: %s", code, errOut.String())
+	default:
+	}
+	srv.Restart()
+	testkit.WaitFor(t, 30*time.Second, "/readyz once NATS is up", func() bool { code, _ := get(base + "/readyz"); return code == 200 })
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+}
+
+// Readiness comes from the relay's own batches, not from pinging the
+// services: a relay whose role may not claim rows answers every ping (so
+// the old /readyz said ready) but relays nothing, and is not ready.
+func TestNotReadyWhenBatchesFail(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	base := "http://127.0.0.1:" + strconv.Itoa(testport.Reserve(t))
+	// sendonce_app may read the schema version but not claim rows.
+	env := map[string]string{"DATABASE_URL": url + "&options=-c%20role%3Dsendonce_app", "NATS_URL": srv.URL(), "HTTP_ADDR": strings.TrimPrefix(base, "http://"),
+		"RELAY_POLL_INTERVAL": "50ms", "DB_TIMEOUT": "200ms", "RELAY_ACK_TIMEOUT": "200ms", "RECONCILE": "false", "OUTBOX_RETENTION": "0"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	var out, errOut testkit.Buffer
+	go func() { done <- run(ctx, []string{"relay"}, testkit.EnvMap(env), &out, &errOut) }()
+	testkit.WaitFor(t, 30*time.Second, "/readyz 503 naming the failing batches", func() bool {
+		code, body := get(base + "/readyz")
+		if code == 200 {
+			t.Fatalf("/readyz = 200 while every batch fails; stderr: %s", errOut.String())
+		}
+		// A batch failed on the missing grant, and /readyz says so.
+		return code == 503 && strings.Contains(body, "relay batch") && strings.Contains(errOut.String(), "permission denied")
+	})
+	cancel()
+	<-done
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/service"
-	"github.com/sendonce/sendonce/internal/telemetry"
 )
 
 func main() { proc.Main(run) }
@@ -175,18 +174,25 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		return fmt.Errorf("SMS_API_BASE: %w", err)
 	}
 
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conns, err := service.Open(startCtx, c.Settings, service.Options{
+	tel, err := service.StartTelemetry(c.HTTPAddr, log)
+	if err != nil {
+		return err
+	}
+	defer tel.Stop()
+	conns, err := service.Open(ctx, c.Settings, service.Options{
 		// One connection per claim and status-write loop, plus headroom.
-		Name: "sendonce-sender", MinConns: 8,
+		Telemetry: tel, Name: "sendonce-sender", MinConns: 8,
 	}, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("sender stopped before it started", "err", err)
+			return nil
+		}
 		return err
 	}
 	defer conns.Close()
 
-	reg := telemetry.NewRegistry()
+	reg := tel.Registry
 	// The sender reports its demand to the shared limit; the limit gives
 	// the sender its tokens.
 	var snd *sender.Sender
@@ -206,11 +212,15 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	stopHTTP, err := conns.Serve(c.HTTPAddr, reg, log)
-	if err != nil {
-		return err
+	// Ready from local state only: the NATS connection and the sender's own
+	// fetches and claims. A message may wait for a free slot about a lease:
+	// allow twice that, and at least a minute.
+	lease := c.lease
+	if lease == 0 {
+		lease = 2*c.apiTimeout + 5*time.Second
 	}
-	defer stopHTTP()
+	stall := max(time.Minute, 2*lease)
+	tel.SetReady(func() error { return snd.Ready(stall) })
 	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
 		"api_timeout", c.apiTimeout.String(), "rate_limit", c.rateLimit)
 	// The sender itself gives up on what it holds at the shutdown timeout;

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,12 +15,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sendonce/sendonce"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testport"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -167,3 +173,79 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 
 // docs/configuration.md lists every setting, generated from bind (make docs).
 func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "sender", bind) }
+
+// A sender of this release on a database not yet migrated to the version it
+// needs refuses to start and says which version it found and needs (before,
+// it started and failed every claim while /readyz said ready).
+func TestRefusesASchemaOlderThanItNeeds(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, conn, migs[:5]); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "",
+		"SMS_API_BASE": "http://127.0.0.1:9", "SMS_API_ALLOW_INSECURE": "true"}
+	var out, errOut testkit.Buffer
+	code := run(ctx, []string{"sender"}, testkit.EnvMap(env), &out, &errOut)
+	want := fmt.Sprintf("found version 5, need version %d", migrate.Latest(migs))
+	if code != 1 || !strings.Contains(errOut.String(), want) {
+		t.Fatalf("exit %d, stderr %q; want exit 1 saying %q", code, errOut.String(), want)
+	}
+}
+
+// A sender started while NATS is down waits for it, alive (/healthz 200)
+// but not ready, instead of exiting into a crash loop; once NATS is up it
+// creates the topology, consumes and is ready.
+func TestStartsWhileNATSIsDown(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	srv.Stop()
+	addr := "127.0.0.1:" + strconv.Itoa(testport.Reserve(t))
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": addr,
+		"SMS_API_BASE": "http://127.0.0.1:9", "SMS_API_ALLOW_INSECURE": "true"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	var out, errOut testkit.Buffer
+	go func() { done <- run(ctx, []string{"sender"}, testkit.EnvMap(env), &out, &errOut) }()
+	status := func(path string) int {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	alive := func(what string, path string, want int) {
+		t.Helper()
+		testkit.WaitFor(t, 30*time.Second, what, func() bool {
+			select {
+			case c := <-done:
+				t.Fatalf("sender exited %d: %s", c, errOut.String())
+			default:
+			}
+			return status(path) == want
+		})
+	}
+	alive("/healthz while NATS is down", "/healthz", 200)
+	if code := status("/readyz"); code != 503 {
+		t.Fatalf("/readyz without NATS = %d, want 503", code)
+	}
+	srv.Restart()
+	alive("/readyz once NATS is up", "/readyz", 200)
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+}

@@ -42,7 +42,9 @@ func Start(cfg Config) (*server.Server, error) {
 		NoSigs:             true,
 		MaxPayload:         1 << 20,
 		JetStreamMaxMemory: 256 << 20,
-		JetStreamMaxStore:  4 << 30,
+		// A cap, not an allocation: room for the reservation of SMS's
+		// max_bytes (16 GiB, nats/SMS.stream.json).
+		JetStreamMaxStore: 64 << 30,
 	}
 	if cfg.Options != nil {
 		cfg.Options(opts)

@@ -1,21 +1,36 @@
-// Package migrate applies the embedded SQL migrations to a Postgres database.
+// Package migrate applies the embedded SQL migrations to a Postgres database
+// that may be large and busy.
 //
-// Migrations are files NNNN_name.up.sql and NNNN_name.down.sql. Each up file
+// Migrations are files NNNN_name.up.sql and NNNN_name.down.sql. Each file
 // runs in its own transaction together with the row that records it in
-// sendonce_schema_migrations, so a failed migration leaves nothing half done.
-// A session-level advisory lock serialises concurrent runs: two `relay migrate`
-// started at once apply each migration exactly once.
+// sendonce_schema_migrations, so a failed migration leaves nothing half done;
+// a file whose first line is "-- sendonce:no-transaction" runs one statement
+// at a time outside a transaction instead (CREATE INDEX CONCURRENTLY needs
+// that) and must be safe to run again from its start.
+//
+// Every statement waits at most Config.LockTimeout for a table lock: a
+// statement that wants an exclusive lock queues ahead of the applications'
+// inserts, so a long wait behind a long transaction would stall them all.
+// A migration that gave up is tried again after a pause that lets the
+// queued writers through.
+//
+// A session-level advisory lock serialises concurrent runs: two `relay
+// migrate` started at once apply each migration exactly once.
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
+	"math/rand/v2"
 	"path"
 	"regexp"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -80,32 +95,111 @@ func Load(fsys fs.FS, dir string) ([]Migration, error) {
 	return out, nil
 }
 
+// Config configures a Migrator. The zero value is the default.
+type Config struct {
+	// LockTimeout bounds how long one statement waits for a lock on a table
+	// (Postgres's lock_timeout). A statement that wants an exclusive lock
+	// queues ahead of every later insert, so this is also the longest an
+	// application's INSERT waits behind a migration. Statements that build
+	// or drop an index CONCURRENTLY (they never block writes) wait as long
+	// as they need. Default 2s.
+	LockTimeout time.Duration
+	// LockRetries is how many more times a migration is tried after a
+	// statement of it gave up waiting for a lock; default 30.
+	LockRetries int
+	// RetryWait is the base of the full-jitter pause between two tries of a
+	// migration, U(0, min(30s, RetryWait*2^try)); default 1s.
+	RetryWait time.Duration
+	// Force lets Down run while sms_outbox holds rows. Without it Down
+	// refuses: a down migration drops columns, tables or grants that running
+	// processes and unfinished messages need (roll back binaries, not
+	// schema).
+	Force bool
+	// Logger receives a line per migration applied and per retry; default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultLockTimeout is Config.LockTimeout's default, also the default of
+// `relay migrate -lock-timeout`.
+const DefaultLockTimeout = 2 * time.Second
+
+func (c *Config) setDefaults() {
+	c.LockTimeout = cmp.Or(c.LockTimeout, DefaultLockTimeout)
+	c.LockRetries = cmp.Or(c.LockRetries, 30)
+	c.RetryWait = cmp.Or(c.RetryWait, time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.LockTimeout < time.Millisecond:
+		return fmt.Errorf("migrate: LockTimeout %s is below 1ms", c.LockTimeout)
+	case c.LockRetries < 0:
+		return fmt.Errorf("migrate: LockRetries %d is negative", c.LockRetries)
+	case c.RetryWait <= 0:
+		return fmt.Errorf("migrate: RetryWait %s must be positive", c.RetryWait)
+	}
+	return nil
+}
+
+// Migrator applies and reverts migrations.
+type Migrator struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a Migrator, or an error naming the bad setting.
+func New(cfg Config) (*Migrator, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Migrator{cfg: cfg, log: cfg.Logger.With("component", "migrate")}, nil
+}
+
+// ErrNotEmpty is returned by Down when sms_outbox holds rows and
+// Config.Force is not set.
+var ErrNotEmpty = errors.New("sms_outbox holds rows")
+
+// Up applies every migration not yet recorded, with the default Config
+// and no logs (tests migrate their databases with it).
+func Up(ctx context.Context, conn *pgx.Conn, migrations []Migration) ([]int, error) {
+	m, _ := New(Config{Logger: quiet})
+	return m.Up(ctx, conn, migrations)
+}
+
+// Down reverts the newest steps migrations, with the default Config (it
+// refuses a table that holds rows) and no logs.
+func Down(ctx context.Context, conn *pgx.Conn, migrations []Migration, steps int) ([]int, error) {
+	m, _ := New(Config{Logger: quiet})
+	return m.Down(ctx, conn, migrations, steps)
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
 // Up applies every migration not yet recorded in the database, in order, and
 // returns the versions it applied.
-func Up(ctx context.Context, conn *pgx.Conn, migrations []Migration) ([]int, error) {
+func (m *Migrator) Up(ctx context.Context, conn *pgx.Conn, migrations []Migration) ([]int, error) {
 	var applied []int
 	err := withLock(ctx, conn, func() error {
 		done, err := appliedVersions(ctx, conn)
 		if err != nil {
 			return err
 		}
-		for _, m := range migrations {
-			if done[m.Version] {
+		for _, mig := range migrations {
+			if done[mig.Version] {
 				continue
 			}
-			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, m.Up); err != nil {
-					return err
-				}
-				_, err := tx.Exec(ctx,
-					`INSERT INTO sendonce_schema_migrations (version, name) VALUES ($1, $2)`,
-					m.Version, m.Name)
-				return err
-			})
+			start := time.Now()
+			err := m.run(ctx, conn, mig.Up, `INSERT INTO sendonce_schema_migrations (version, name) VALUES ($1, $2)`, mig.Version, mig.Name)
 			if err != nil {
-				return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
+				return fmt.Errorf("apply migration %04d_%s: %w", mig.Version, mig.Name, err)
 			}
-			applied = append(applied, m.Version)
+			m.log.InfoContext(ctx, "migration applied", "version", mig.Version, "name", mig.Name, "took", time.Since(start))
+			applied = append(applied, mig.Version)
 		}
 		return nil
 	})
@@ -113,8 +207,12 @@ func Up(ctx context.Context, conn *pgx.Conn, migrations []Migration) ([]int, err
 }
 
 // Down reverts the newest steps applied migrations, newest first, and returns
-// the versions it reverted.
-func Down(ctx context.Context, conn *pgx.Conn, migrations []Migration, steps int) ([]int, error) {
+// the versions it reverted. Unless Config.Force is set it refuses (with
+// ErrNotEmpty) while sms_outbox holds a row: down migrations drop what
+// running binaries and unfinished messages depend on. To undo a release,
+// roll back the binaries; the schema stays, since every migration is
+// written so that the previous release runs on it.
+func (m *Migrator) Down(ctx context.Context, conn *pgx.Conn, migrations []Migration, steps int) ([]int, error) {
 	var reverted []int
 	err := withLock(ctx, conn, func() error {
 		done, err := appliedVersions(ctx, conn)
@@ -122,30 +220,141 @@ func Down(ctx context.Context, conn *pgx.Conn, migrations []Migration, steps int
 			return err
 		}
 		for i := len(migrations) - 1; i >= 0 && len(reverted) < steps; i-- {
-			m := migrations[i]
-			if !done[m.Version] {
+			mig := migrations[i]
+			if !done[mig.Version] {
 				continue
 			}
-			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, m.Down); err != nil {
-					return err
+			if !m.cfg.Force {
+				if err := refuseRows(ctx, conn); err != nil {
+					return fmt.Errorf("revert migration %04d_%s: %w", mig.Version, mig.Name, err)
 				}
-				_, err := tx.Exec(ctx, `DELETE FROM sendonce_schema_migrations WHERE version = $1`, m.Version)
-				return err
-			})
-			if err != nil {
-				return fmt.Errorf("revert migration %04d_%s: %w", m.Version, m.Name, err)
 			}
-			reverted = append(reverted, m.Version)
+			err := m.run(ctx, conn, mig.Down, `DELETE FROM sendonce_schema_migrations WHERE version = $1`, mig.Version)
+			if err != nil {
+				return fmt.Errorf("revert migration %04d_%s: %w", mig.Version, mig.Name, err)
+			}
+			m.log.WarnContext(ctx, "migration reverted", "version", mig.Version, "name", mig.Name)
+			reverted = append(reverted, mig.Version)
 		}
 		return nil
 	})
 	return reverted, err
 }
 
+// refuseRows returns ErrNotEmpty when sms_outbox exists and holds a row.
+func refuseRows(ctx context.Context, conn *pgx.Conn) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('sms_outbox') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("look for sms_outbox: %w", err)
+	}
+	if !exists {
+		return nil
+	}
+	var rows bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sms_outbox)`).Scan(&rows); err != nil {
+		return fmt.Errorf("look for rows in sms_outbox: %w", err)
+	}
+	if rows {
+		return fmt.Errorf("%w: a down migration would destroy data or break running processes; roll back the binaries instead (the schema stays: the previous release runs on it), or pass -force to revert anyway", ErrNotEmpty)
+	}
+	return nil
+}
+
+// run runs script (a migration file) and then the bookkeeping statement
+// record with args, trying again after a lock timeout.
+func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, script, record string, args ...any) error {
+	for try := 0; ; try++ {
+		var err error
+		if NoTransaction(script) {
+			err = m.runEach(ctx, conn, script, record, args)
+		} else {
+			err = m.runInTx(ctx, conn, script, record, args)
+		}
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || try >= m.cfg.LockRetries {
+			return err
+		}
+		// 55P03 lock_not_available: lock_timeout ran out. Let the writers
+		// queued behind the statement through, then queue again.
+		ceiling := min(30*time.Second, m.cfg.RetryWait<<min(try, 10))
+		d := time.Duration(rand.Int64N(int64(ceiling))) + time.Millisecond
+		m.log.WarnContext(ctx, "a migration statement gave up waiting for a lock; trying again",
+			"err", err, "lock_timeout", m.cfg.LockTimeout, "try", try+1, "retry_in", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (gave up waiting to retry: %w)", err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// runInTx runs script and record in one transaction, under lock_timeout.
+func (m *Migrator) runInTx(ctx context.Context, conn *pgx.Conn, script, record string, args []any) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, pgInterval(m.cfg.LockTimeout)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, script); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, record, args...)
+		return err
+	})
+}
+
+// runEach runs the statements of script one by one, each in its own
+// implicit transaction, and then record. A failure part-way leaves the
+// statements before it applied: a no-transaction migration must be safe to
+// run again from its start (IF NOT EXISTS, DROP INDEX CONCURRENTLY IF EXISTS
+// before a CREATE INDEX CONCURRENTLY whose earlier try left an invalid index).
+func (m *Migrator) runEach(ctx context.Context, conn *pgx.Conn, script, record string, args []any) (err error) {
+	defer func() {
+		if _, rerr := conn.Exec(context.WithoutCancel(ctx), `RESET lock_timeout`); rerr != nil && err == nil {
+			err = rerr
+		}
+	}()
+	for _, stmt := range Split(script) {
+		timeout := "0"
+		if !concurrently(stmt) {
+			timeout = pgInterval(m.cfg.LockTimeout)
+		}
+		if _, err := conn.Exec(ctx, `SELECT set_config('lock_timeout', $1, false)`, timeout); err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	_, err = conn.Exec(ctx, record, args...)
+	return err
+}
+
+// pgInterval writes d as a Postgres duration in milliseconds.
+func pgInterval(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+}
+
 func withLock(ctx context.Context, conn *pgx.Conn, fn func() error) (err error) {
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(lockKey)); err != nil {
-		return fmt.Errorf("take migration lock: %w", err)
+	// Polled rather than waited for: a session waiting in pg_advisory_lock
+	// holds a snapshot, and a CREATE INDEX CONCURRENTLY run by the holder
+	// waits for every older snapshot to go away: a deadlock.
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(lockKey)).Scan(&got); err != nil {
+			return fmt.Errorf("take migration lock: %w", err)
+		}
+		if got {
+			break
+		}
+		t := time.NewTimer(50*time.Millisecond + time.Duration(rand.Int64N(int64(100*time.Millisecond))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("wait for the migration lock (another migration is running): %w", ctx.Err())
+		case <-t.C:
+		}
 	}
 	defer func() {
 		// A fresh context: the unlock must run even when ctx is done, or the

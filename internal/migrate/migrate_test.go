@@ -2,12 +2,16 @@ package migrate_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/migrate"
@@ -118,4 +122,162 @@ func TestEnsureDatabaseCreatesMissing(t *testing.T) {
 		t.Fatalf("second EnsureDatabase = %v, %v; want existing", created, err)
 	}
 	conn.Close(ctx)
+}
+
+func containsWord(s, word string) bool {
+	for _, f := range strings.Fields(strings.ToUpper(s)) {
+		if f == word {
+			return true
+		}
+	}
+	return false
+}
+
+// A down migration on a table that holds rows is refused unless forced:
+// roll back the binaries, not the schema.
+func TestDownRefusesATableWithRowsUnlessForced(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body) VALUES (gen_random_uuid(), '+15551234567', 'keep me')`); err != nil {
+		t.Fatal(err)
+	}
+	v, err := migrate.Down(ctx, conn, migs, 1)
+	if !errors.Is(err, migrate.ErrNotEmpty) || len(v) != 0 || !strings.Contains(err.Error(), "-force") {
+		t.Fatalf("Down on a table with rows = %v, %v; want ErrNotEmpty naming -force", v, err)
+	}
+	found, err := migrate.CheckVersion(ctx, conn, migrate.Latest(migs))
+	if err != nil || found != migrate.Latest(migs) {
+		t.Fatalf("after a refused down the schema is at %d (%v), want %d", found, err, migrate.Latest(migs))
+	}
+	m, err := migrate.New(migrate.Config{Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.Down(ctx, conn, migs, 1); err != nil || len(v) != 1 || v[0] != migrate.Latest(migs) {
+		t.Fatalf("forced Down = %v, %v", v, err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM sms_outbox`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("rows after forcing the newest down: %d, %v", n, err)
+	}
+}
+
+// CheckVersion says which version it found and which it needs, and accepts
+// a newer schema (old binaries run on it during a rolling upgrade).
+func TestCheckVersion(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := migrate.Latest(migs)
+	if _, err := migrate.CheckVersion(ctx, conn, latest); !errors.Is(err, migrate.ErrSchemaTooOld) || !strings.Contains(err.Error(), "version 0") {
+		t.Fatalf("empty database: %v", err)
+	}
+	if _, err := migrate.Up(ctx, conn, migs[:5]); err != nil {
+		t.Fatal(err)
+	}
+	found, err := migrate.CheckVersion(ctx, conn, latest)
+	if !errors.Is(err, migrate.ErrSchemaTooOld) || found != 5 {
+		t.Fatalf("at version 5: found %d, %v", found, err)
+	}
+	for _, want := range []string{"found version 5", fmt.Sprintf("need version %d", latest), "relay migrate"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if found, err := migrate.CheckVersion(ctx, conn, 4); err != nil || found != 5 {
+		t.Fatalf("a newer schema than needed: %d, %v", found, err)
+	}
+	if _, err := migrate.Up(ctx, conn, migs); err != nil {
+		t.Fatal(err)
+	}
+	// Each component's role can read the version (granted by 0009).
+	for _, role := range []string{"sendonce_app", "sendonce_relay", "sendonce_sender"} {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role); err != nil {
+				return err
+			}
+			_, err := migrate.CheckVersion(ctx, tx, latest)
+			return err
+		})
+		if err != nil {
+			t.Errorf("as %s: %v", role, err)
+		}
+	}
+}
+
+// The database refuses "dead" for a row an attempt may have reached the
+// provider with (an old sender racing a new one), and 0009 turns such rows
+// left by an older release into unknown before it validates the rule.
+func TestDeadNeverMaybeAccepted(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before []migrate.Migration
+	for _, m := range migs {
+		if m.Version < 9 {
+			before = append(before, m)
+		}
+	}
+	if _, err := migrate.Up(ctx, conn, before); err != nil {
+		t.Fatal(err)
+	}
+	var liar string
+	if err := conn.QueryRow(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, maybe_accepted)
+		VALUES (gen_random_uuid(), '+15551234567', 'x', 'dead', true) RETURNING id::text`).Scan(&liar); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, conn, migs); err != nil {
+		t.Fatal(err)
+	}
+	var status string
+	if err := conn.QueryRow(ctx, `SELECT status FROM sms_outbox WHERE id = $1`, liar).Scan(&status); err != nil || status != "unknown" {
+		t.Fatalf("a dead, maybe accepted row from before 0009 is %q (%v), want unknown", status, err)
+	}
+	_, err = conn.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body) VALUES (gen_random_uuid(), '+15551234567', 'y')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, `UPDATE sms_outbox SET maybe_accepted = true WHERE body = 'y'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, `UPDATE sms_outbox SET status = 'dead' WHERE body = 'y'`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "sms_outbox_dead_never_maybe_accepted" {
+		t.Fatalf("dead over maybe_accepted: %v; want a check violation", err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE sms_outbox SET status = 'unknown' WHERE body = 'y'`); err != nil {
+		t.Fatalf("unknown over maybe_accepted: %v", err)
+	}
 }

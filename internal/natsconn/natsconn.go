@@ -3,11 +3,13 @@
 package natsconn
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
@@ -107,7 +109,9 @@ func (c *Config) authHint() string {
 
 // Connect connects and returns the connection and its JetStream context. The
 // connection reconnects forever: a broker outage pauses the work, it does not
-// end the process.
+// end the process. When no server is reachable at start-up it returns a
+// connection that keeps trying in the background (WaitConnected waits for
+// it); refused credentials and TLS failures are returned at once.
 func Connect(cfg Config) (*nats.Conn, jetstream.JetStream, error) {
 	log := cfg.Logger
 	if log == nil {
@@ -157,12 +161,18 @@ func Connect(cfg Config) (*nats.Conn, jetstream.JetStream, error) {
 		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
 			return nil, nil, fmt.Errorf("connect to NATS_URL: authorization failed: check %s: %w", cfg.authHint(), err)
 		}
-		var certErr *tls.CertificateVerificationError
-		var unknownAuth x509.UnknownAuthorityError
-		if errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.Is(err, nats.ErrSecureConnRequired) || errors.Is(err, nats.ErrSecureConnWanted) {
+		if tlsFailure(err) {
 			return nil, nil, fmt.Errorf("connect to NATS_URL: TLS failed: check NATS_CA, NATS_CERT, NATS_KEY: %w", err)
 		}
-		return nil, nil, fmt.Errorf("connect to NATS_URL: %w", err)
+		// No server reachable now (an outage, a broker that starts after
+		// us): connect in the background rather than exit into a crash
+		// loop. Refused credentials and TLS failures stay fatal above:
+		// retrying cannot fix them.
+		log.Warn("nats unreachable at start-up; connecting in the background", "err", err)
+		nc, err = nats.Connect(cfg.URL, append(opts, nats.RetryOnFailedConnect(true))...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect to NATS_URL: %w", err)
+		}
 	}
 	jsOpts := []jetstream.JetStreamOpt{}
 	if cfg.PublishWindow > 0 {
@@ -196,4 +206,47 @@ func Drain(nc *nats.Conn, timeout time.Duration) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return nil
+}
+
+// WaitConnected returns once nc is connected, logging every 10s while it
+// waits, or ctx's error when ctx is done first.
+func WaitConnected(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	start := time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	next := start.Add(10 * time.Second)
+	for !nc.IsConnected() {
+		if nc.IsClosed() {
+			return errors.New("nats connection closed while waiting for it")
+		}
+		if time.Now().After(next) {
+			log.Warn("waiting for nats", "waited", time.Since(start).Round(time.Second), "status", nc.Status().String())
+			next = time.Now().Add(10 * time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for nats: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// tlsFailure reports whether err is a TLS handshake failure: ours (the
+// server's certificate does not verify) or the server's (a TLS alert, such
+// as "certificate required").
+func tlsFailure(err error) bool {
+	var certErr *tls.CertificateVerificationError
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var recordErr tls.RecordHeaderError
+	var opErr *net.OpError
+	return errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr) ||
+		errors.As(err, &invalid) || errors.As(err, &recordErr) ||
+		(errors.As(err, &opErr) && opErr.Op == "remote error") ||
+		errors.Is(err, nats.ErrTLS) || errors.Is(err, nats.ErrSecureConnRequired) || errors.Is(err, nats.ErrSecureConnWanted)
 }

@@ -2,18 +2,23 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 )
 
-// Purge deletes up to limit finished rows (sent, dead, unknown) whose last
-// change is older than age, with their attempts, and returns how many it
-// deleted. Rows another purger holds are skipped, so each call locks at most
-// limit rows for a few milliseconds.
+// Purge deletes up to limit finished rows whose last change is older than
+// age, with their attempts, and returns how many it deleted. Only rows that
+// are done with are purged: sent rows, and dead rows whose dead letter is
+// recorded (letter_seq; the reconciler publishes a missing one from the
+// row). An unknown row waits for a person to settle it, however old. Rows
+// another purger holds are skipped, so each call locks at most limit rows
+// for a few milliseconds.
 func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM sms_outbox WHERE id IN (
 		SELECT id FROM sms_outbox
-		WHERE status IN ('sent', 'dead', 'unknown') AND updated_at < now() - $1::interval
+		WHERE status IN ('sent', 'dead') AND updated_at < now() - $1::interval
+		  AND (status = 'sent' OR letter_seq IS NOT NULL)
 		ORDER BY updated_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED)`, age, limit)
@@ -23,53 +28,139 @@ func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64,
 	return tag.RowsAffected(), nil
 }
 
-// Depth is the outbox's work in progress, for monitoring.
-type Depth struct {
-	// Rows counts the unfinished rows by status (pending, queued, sending;
-	// each present). Finished rows are not counted: that would scan the
-	// whole table; the senders' counters give their rates.
-	Rows map[State]int64
-	// OldestPending is the age of the oldest pending row: the relay's lag.
-	OldestPending time.Duration
-	// OldestInFlight is the age of the least recently touched queued or
-	// sending row.
-	OldestInFlight time.Duration
+// The age queries below each read the first entry of a partial index (their
+// conditions imply its predicate), so their cost does not grow with the
+// table or the backlog. Each is its own statement so that one slow or
+// failing query does not cost the others their value.
+
+// OldestPendingAge returns the age of the oldest pending row (0 when none):
+// how far the relay lags.
+func OldestPendingAge(ctx context.Context, q Querier) (time.Duration, error) {
+	return age(ctx, q, "oldest pending row",
+		`SELECT extract(epoch FROM now() - min(created_at)) FROM sms_outbox WHERE status = 'pending'`)
 }
 
-// Measure reads the outbox's depth from the partial indexes on unfinished
-// rows, so its cost follows the work in progress, not the table.
-func Measure(ctx context.Context, q Querier) (Depth, error) {
-	d := Depth{Rows: map[State]int64{}}
-	for _, s := range []State{StatusPending, StatusQueued, StatusSending} {
-		d.Rows[s] = 0
+// OldestInFlightAge returns the time since the least recently touched
+// queued or sending row changed (0 when none).
+func OldestInFlightAge(ctx context.Context, q Querier) (time.Duration, error) {
+	return age(ctx, q, "oldest in-flight row",
+		`SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('queued', 'sending')`)
+}
+
+// OldestPurgeableAge returns the time since the least recently changed row
+// that retention may purge (sent, dead) changed (0 when none): above the
+// retention age, retention is falling behind or failing.
+func OldestPurgeableAge(ctx context.Context, q Querier) (time.Duration, error) {
+	return age(ctx, q, "oldest finished row",
+		`SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('sent', 'dead')`)
+}
+
+// OldestTransactionAge returns the age of the oldest open transaction of
+// another session in this database (0 when none). A long transaction holds
+// back vacuum on every table, so dead rows pile up behind it. A role sees
+// other roles' transactions only with pg_read_all_stats.
+func OldestTransactionAge(ctx context.Context, q Querier) (time.Duration, error) {
+	return age(ctx, q, "oldest transaction",
+		`SELECT extract(epoch FROM now() - min(xact_start)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()
+		  AND backend_type = 'client backend' AND xact_start IS NOT NULL`)
+}
+
+func age(ctx context.Context, q Querier, what, sql string) (time.Duration, error) {
+	var secs *float64
+	if err := q.QueryRow(ctx, sql).Scan(&secs); err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", what, err)
 	}
-	// Two counts whose conditions match the partial indexes' predicates
-	// exactly, so each is an index scan, whatever the table's size.
-	var pending, queued, sending int64
-	err := q.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM sms_outbox WHERE status = 'pending'),
-		(SELECT count(*) FILTER (WHERE status = 'queued') FROM sms_outbox WHERE status IN ('queued', 'sending')),
-		(SELECT count(*) FILTER (WHERE status = 'sending') FROM sms_outbox WHERE status IN ('queued', 'sending'))`).
-		Scan(&pending, &queued, &sending)
+	if secs == nil {
+		return 0, nil
+	}
+	return time.Duration(max(0, *secs) * float64(time.Second)), nil
+}
+
+// countSQL holds, per unfinished status, a count capped by $1 whose
+// condition implies a partial index's predicate.
+var countSQL = map[State]string{
+	StatusPending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' LIMIT $1) AS s`,
+	StatusQueued:  `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'queued' LIMIT $1) AS s`,
+	StatusSending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'sending' LIMIT $1) AS s`,
+}
+
+// CountUpTo counts the rows with status (pending, queued or sending), but
+// reads at most limit of them: its cost is bounded however large a backlog
+// grows. A result of limit means "limit or more".
+func CountUpTo(ctx context.Context, q Querier, status State, limit int) (int64, error) {
+	sql, ok := countSQL[status]
+	if !ok {
+		return 0, fmt.Errorf("outbox: count rows: status %q is not pending, queued or sending", status)
+	}
+	var n int64
+	if err := q.QueryRow(ctx, sql, limit).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: count %s rows: %w", status, err)
+	}
+	return n, nil
+}
+
+// EstimateRows returns the planner's estimate of the rows with status, from
+// the table's statistics scaled to its current size: free, and close enough
+// for a backlog too large to count.
+func EstimateRows(ctx context.Context, q Querier, status State) (int64, error) {
+	if _, ok := countSQL[status]; !ok {
+		return 0, fmt.Errorf("outbox: estimate rows: status %q is not pending, queued or sending", status)
+	}
+	var plan string
+	// The status is one of three constants, never input.
+	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM sms_outbox WHERE status = '`+string(status)+`'`).Scan(&plan); err != nil {
+		return 0, fmt.Errorf("outbox: estimate %s rows: %w", status, err)
+	}
+	var out []struct {
+		Plan struct {
+			Rows float64 `json:"Plan Rows"`
+		} `json:"Plan"`
+	}
+	if err := json.Unmarshal([]byte(plan), &out); err != nil || len(out) != 1 {
+		return 0, fmt.Errorf("outbox: estimate %s rows: unexpected plan %q: %v", status, plan, err)
+	}
+	return int64(out[0].Plan.Rows), nil
+}
+
+// TableStats is what the statistics collector knows of one table.
+type TableStats struct {
+	// Table is sms_outbox or sms_attempts.
+	Table string
+	// Live and Dead are the estimated live and dead row versions.
+	Live, Dead int64
+	// LastVacuum is the end of the last vacuum, manual or automatic (zero:
+	// never).
+	LastVacuum time.Time
+}
+
+// Tables returns the statistics of sms_outbox and sms_attempts, read from
+// pg_stat_user_tables (no scan of the tables).
+func Tables(ctx context.Context, q Querier) ([]TableStats, error) {
+	rows, err := q.Query(ctx, `SELECT relname::text, n_live_tup, n_dead_tup, greatest(last_vacuum, last_autovacuum)
+		FROM pg_stat_user_tables
+		WHERE relid IN ('sms_outbox'::regclass, 'sms_attempts'::regclass)
+		ORDER BY relname`)
 	if err != nil {
-		return Depth{}, fmt.Errorf("outbox: count rows: %w", err)
+		return nil, fmt.Errorf("outbox: table statistics: %w", err)
 	}
-	d.Rows[StatusPending], d.Rows[StatusQueued], d.Rows[StatusSending] = pending, queued, sending
-	var oldestPending, inflight *float64
-	err = q.QueryRow(ctx, `SELECT
-		(SELECT extract(epoch FROM now() - min(created_at)) FROM sms_outbox WHERE status = 'pending'),
-		(SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('queued', 'sending'))`).
-		Scan(&oldestPending, &inflight)
-	if err != nil {
-		return Depth{}, fmt.Errorf("outbox: oldest rows: %w", err)
+	defer rows.Close()
+	var out []TableStats
+	for rows.Next() {
+		var s TableStats
+		var vac *time.Time
+		if err := rows.Scan(&s.Table, &s.Live, &s.Dead, &vac); err != nil {
+			return nil, fmt.Errorf("outbox: table statistics: %w", err)
+		}
+		if vac != nil {
+			s.LastVacuum = *vac
+		}
+		out = append(out, s)
 	}
-	if oldestPending != nil {
-		d.OldestPending = time.Duration(max(0, *oldestPending) * float64(time.Second))
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: table statistics: %w", err)
 	}
-	if inflight != nil {
-		d.OldestInFlight = time.Duration(max(0, *inflight) * float64(time.Second))
-	}
-	return d, nil
+	return out, nil
 }
 
 // OldestUrgent returns the age of the oldest urgent row not yet sent

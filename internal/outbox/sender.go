@@ -207,6 +207,10 @@ type Written struct {
 	Gen int32
 	// Attempts is the row's attempt count.
 	Attempts int
+	// Reason is the row's dead-letter reason after the write (a dead
+	// result becomes unknown, ambiguous, on a row an attempt may have
+	// reached the provider with): its letter's reason.
+	Reason string
 }
 
 // Attempt is one record of the attempts log: a provider call, or a decision
@@ -310,10 +314,14 @@ WITH locked AS (
 	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 )
 UPDATE sms_outbox o
-SET status = v.status,
+SET -- dead is a promise that nothing reached the provider: a row an attempt
+    -- may have reached ends unknown, whatever an older sender decided
+    -- (the table refuses dead with maybe_accepted).
+    status = CASE WHEN v.status = 'dead' AND (o.maybe_accepted OR v.maybe) THEN 'unknown' ELSE v.status END,
     provider_ref = CASE WHEN v.status = 'sent' THEN v.ref ELSE o.provider_ref END,
     last_error = CASE WHEN v.status = 'sent' THEN NULL ELSE v.err END,
-    end_reason = CASE WHEN v.status IN ('dead', 'unknown') THEN v.reason END,
+    end_reason = CASE WHEN v.status = 'dead' AND (o.maybe_accepted OR v.maybe) THEN 'ambiguous'
+                      WHEN v.status IN ('dead', 'unknown') THEN v.reason END,
     next_attempt_at = CASE WHEN v.status = 'queued'
                            THEN clock_timestamp() + v.delay * interval '1 second' ELSE o.next_attempt_at END,
     stream_seq = CASE WHEN v.status = 'queued' AND v.park THEN NULL ELSE o.stream_seq END,
@@ -327,16 +335,17 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::floa
      JOIN locked USING (id)
 WHERE o.id = v.id
   AND CASE WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown')
-           ELSE o.claim_id = v.token AND o.status IN ('sending', v.status) END
-RETURNING o.id, o.publish_gen, o.attempt_count`,
+           ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
+RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
 		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds)
 	var (
 		id       uuid.UUID
 		gen      int32
 		attempts int32
+		reason   string
 	)
-	_, err := pgx.ForEachRow(rows, []any{&id, &gen, &attempts}, func() error {
-		written[id] = Written{Gen: gen, Attempts: int(attempts)}
+	_, err := pgx.ForEachRow(rows, []any{&id, &gen, &attempts, &reason}, func() error {
+		written[id] = Written{Gen: gen, Attempts: int(attempts), Reason: reason}
 		return nil
 	})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,7 +15,10 @@ import (
 )
 
 // Defaults of RetentionConfig, also the defaults of the relay command's
-// OUTBOX_RETENTION and RETENTION_INTERVAL.
+// OUTBOX_RETENTION and RETENTION_INTERVAL. DefaultRetentionAge is as long
+// as the dead-letter stream SMS_DLQ keeps its letters (max_age in
+// nats/SMS_DLQ.stream.json), so that every letter can still be traced to
+// its row and attempts.
 const (
 	DefaultRetentionAge      = 7 * 24 * time.Hour
 	DefaultRetentionInterval = time.Minute
@@ -26,8 +28,9 @@ const (
 type RetentionConfig struct {
 	// Pool is required.
 	Pool *pgxpool.Pool
-	// Age is how long finished rows (and their attempts) are kept after
-	// their last change; default 7 days.
+	// Age is how long finished rows (sent, dead; never unknown, which wait
+	// for a person) and their attempts are kept after their last change;
+	// default DefaultRetentionAge.
 	Age time.Duration
 	// Interval between purges; default 1m.
 	Interval time.Duration
@@ -45,9 +48,11 @@ type RetentionConfig struct {
 
 // Retention purges finished rows older than Age, in small batches.
 type Retention struct {
-	cfg    RetentionConfig
-	log    *slog.Logger
-	purged prometheus.Counter
+	cfg         RetentionConfig
+	log         *slog.Logger
+	purged      prometheus.Counter
+	errors      prometheus.Counter
+	lastSuccess prometheus.Gauge
 }
 
 // NewRetention returns a Retention, or an error naming the bad setting.
@@ -72,10 +77,26 @@ func NewRetention(cfg RetentionConfig) (*Retention, error) {
 		purged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_retention_purged_rows_total",
 			Help: "Finished outbox rows deleted by retention, with their attempts.",
-		})}
+		}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_retention_errors_total",
+			Help: "Retention purges that failed (the next interval tries again).",
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sendonce_retention_last_success_timestamp_seconds",
+			Help: "Unix time of the end of the last retention purge that succeeded (0: none yet).",
+		}),
+	}
+	age := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sendonce_retention_age_seconds",
+		Help: "How long finished rows are kept after their last change (OUTBOX_RETENTION).",
+	})
+	age.Set(cfg.Age.Seconds())
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(r.purged); err != nil {
-			return nil, fmt.Errorf("retention: register metrics: %w", err)
+		for _, c := range []prometheus.Collector{r.purged, r.errors, r.lastSuccess, age} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("retention: register metrics: %w", err)
+			}
 		}
 	}
 	return r, nil
@@ -108,6 +129,9 @@ func (r *Retention) Purge(ctx context.Context) (int64, error) {
 		total += n
 		r.purged.Add(float64(n))
 		if err != nil {
+			if ctx.Err() == nil {
+				r.errors.Inc()
+			}
 			return total, err
 		}
 		if n < int64(r.cfg.BatchSize) {
@@ -117,78 +141,11 @@ func (r *Retention) Purge(ctx context.Context) (int64, error) {
 			break
 		}
 	}
+	if ctx.Err() == nil {
+		r.lastSuccess.SetToCurrentTime()
+	}
 	if total > 0 {
 		r.log.InfoContext(ctx, "purged finished rows", "rows", total, "older_than", r.cfg.Age.String())
 	}
 	return total, nil
-}
-
-// DepthCollector exports the outbox's work in progress as gauges, measured
-// at most once per MaxAge whatever the scrape rate.
-type DepthCollector struct {
-	pool    *pgxpool.Pool
-	maxAge  time.Duration
-	timeout time.Duration
-	log     *slog.Logger
-
-	rows, oldestPending, oldestInFlight, up *prometheus.Desc
-
-	mu     sync.Mutex
-	at     time.Time
-	last   outbox.Depth
-	lastOK bool
-}
-
-// NewDepthCollector returns a collector over pool; register it with the
-// process's registry.
-func NewDepthCollector(pool *pgxpool.Pool, log *slog.Logger) *DepthCollector {
-	if log == nil {
-		log = slog.Default()
-	}
-	return &DepthCollector{
-		pool: pool, maxAge: 5 * time.Second, timeout: 3 * time.Second, log: log,
-		rows: prometheus.NewDesc("sendonce_outbox_rows",
-			"Unfinished outbox rows by status (pending, queued, sending).", []string{"status"}, nil),
-		oldestPending: prometheus.NewDesc("sendonce_outbox_oldest_pending_age_seconds",
-			"Age of the oldest pending row: how far the relay lags (0 when none).", nil, nil),
-		oldestInFlight: prometheus.NewDesc("sendonce_outbox_oldest_inflight_age_seconds",
-			"Time since the least recently touched queued or sending row changed (0 when none).", nil, nil),
-		up: prometheus.NewDesc("sendonce_outbox_depth_up",
-			"1 if the last outbox depth measurement succeeded.", nil, nil),
-	}
-}
-
-// Describe implements prometheus.Collector.
-func (c *DepthCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.rows
-	ch <- c.oldestPending
-	ch <- c.oldestInFlight
-	ch <- c.up
-}
-
-// Collect implements prometheus.Collector.
-func (c *DepthCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if time.Since(c.at) > c.maxAge {
-		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-		d, err := outbox.Measure(ctx, c.pool)
-		cancel()
-		c.at, c.lastOK = time.Now(), err == nil
-		if err != nil {
-			c.log.Warn("measure outbox depth", "err", err)
-		} else {
-			c.last = d
-		}
-	}
-	up := 0.0
-	if c.lastOK {
-		up = 1
-		for s, n := range c.last.Rows {
-			ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(n), string(s))
-		}
-		ch <- prometheus.MustNewConstMetric(c.oldestPending, prometheus.GaugeValue, c.last.OldestPending.Seconds())
-		ch <- prometheus.MustNewConstMetric(c.oldestInFlight, prometheus.GaugeValue, c.last.OldestInFlight.Seconds())
-	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
 }

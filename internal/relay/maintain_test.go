@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,17 +15,22 @@ func TestRetentionPurgesOldFinishedRowsInBatches(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
-	ids := e.insert(t, 20)
+	ids := e.insert(t, 24)
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		if _, err := e.pool.Exec(ctx, sql, args...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	old, recent, unfinished := ids[:11], ids[11:15], ids[15:]
-	exec(`UPDATE sms_outbox SET status = (ARRAY['sent','dead','unknown'])[1 + (abs(hashtext(id::text)) % 3)],
+	old, unknown, recent, unfinished := ids[:11], ids[11:15], ids[15:19], ids[19:]
+	exec(`UPDATE sms_outbox SET status = (ARRAY['sent','dead'])[1 + (abs(hashtext(id::text)) % 2)], letter_seq = 1,
 		updated_at = now() - interval '2 days' WHERE id = ANY($1)`, old)
-	exec(`UPDATE sms_outbox SET status = 'sent', updated_at = now() - interval '1 hour' WHERE id = ANY($1)`, recent)
+	// Unknown rows wait for a person, however old: never purged.
+	exec(`UPDATE sms_outbox SET status = 'unknown', updated_at = now() - interval '30 days' WHERE id = ANY($1)`, unknown)
+	exec(`UPDATE sms_outbox SET status = 'sent', updated_at = now() - interval '1 hour' WHERE id = ANY($1)`, recent[:3])
+	// A dead row whose dead letter is still to be published stays until the
+	// reconciler has published it.
+	exec(`UPDATE sms_outbox SET status = 'dead', end_reason = 'permanent', updated_at = now() - interval '30 days' WHERE id = ANY($1)`, recent[3:])
 	exec(`UPDATE sms_outbox SET status = 'queued', updated_at = now() - interval '30 days' WHERE id = ANY($1)`, unfinished)
 	exec(`INSERT INTO sms_attempts (outbox_id, attempt, started_at, outcome) SELECT id, 1, now(), 'sent' FROM sms_outbox`)
 
@@ -39,16 +43,39 @@ func TestRetentionPurgesOldFinishedRowsInBatches(t *testing.T) {
 	if err != nil || n != int64(len(old)) {
 		t.Fatalf("Purge = %d, %v; want %d", n, err, len(old))
 	}
-	var rows, attempts int
-	_ = e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM sms_outbox), (SELECT count(*) FROM sms_attempts)`).Scan(&rows, &attempts)
-	if want := len(recent) + len(unfinished); rows != want || attempts != want {
-		t.Fatalf("%d rows and %d attempts left, want %d each", rows, attempts, want)
+	var rows, attempts, unknownLeft int
+	_ = e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM sms_outbox), (SELECT count(*) FROM sms_attempts),
+		(SELECT count(*) FROM sms_outbox WHERE status = 'unknown')`).Scan(&rows, &attempts, &unknownLeft)
+	if want := len(unknown) + len(recent) + len(unfinished); rows != want || attempts != want || unknownLeft != len(unknown) {
+		t.Fatalf("%d rows (%d unknown) and %d attempts left, want %d (%d unknown)", rows, unknownLeft, attempts, want, len(unknown))
 	}
 	if got := counter(t, reg, "sendonce_retention_purged_rows_total"); got != float64(len(old)) {
 		t.Fatalf("purged counter = %v", got)
 	}
+	if got := counter(t, reg, "sendonce_retention_last_success_timestamp_seconds"); got < float64(time.Now().Add(-time.Minute).Unix()) {
+		t.Fatalf("last success = %v", got)
+	}
 	if n, _ := r.Purge(ctx); n != 0 {
 		t.Fatalf("second purge deleted %d", n)
+	}
+	if got := counter(t, reg, "sendonce_retention_errors_total"); got != 0 {
+		t.Fatalf("errors = %v", got)
+	}
+	// A purge that fails (here: no statement can finish within its
+	// timeout) is counted: the alert's signal.
+	failReg := prometheus.NewRegistry()
+	failing, err := relay.NewRetention(relay.RetentionConfig{Pool: e.pool, Age: time.Nanosecond, DBTimeout: time.Nanosecond, Registerer: failReg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failing.Purge(ctx); err == nil {
+		t.Fatal("a purge whose statements cannot finish succeeded")
+	}
+	if got := counter(t, failReg, "sendonce_retention_errors_total"); got != 1 {
+		t.Fatalf("errors after a failed purge = %v, want 1", got)
+	}
+	if got := counter(t, failReg, "sendonce_retention_last_success_timestamp_seconds"); got != 0 {
+		t.Fatalf("last success after only a failure = %v, want 0", got)
 	}
 }
 
@@ -60,57 +87,15 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+			m := mf.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
-}
-
-func TestDepthCollector(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	ctx := context.Background()
-	ids := e.insert(t, 6)
-	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET created_at = now() - interval '90 seconds' WHERE id = $1`, ids[0]); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', updated_at = now() - interval '10 minutes' WHERE id = ANY($1)`, ids[1:3]); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sent' WHERE id = $1`, ids[3]); err != nil {
-		t.Fatal(err)
-	}
-	c := relay.NewDepthCollector(e.pool, nil)
-	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
-		t.Fatalf("lint: %v %v", problems, err)
-	}
-	want := `
-# HELP sendonce_outbox_rows Unfinished outbox rows by status (pending, queued, sending).
-# TYPE sendonce_outbox_rows gauge
-sendonce_outbox_rows{status="pending"} 3
-sendonce_outbox_rows{status="queued"} 2
-sendonce_outbox_rows{status="sending"} 0
-`
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "sendonce_outbox_rows"); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(c)
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		v := mf.GetMetric()[0].GetGauge().GetValue()
-		switch mf.GetName() {
-		case "sendonce_outbox_oldest_pending_age_seconds":
-			if v < 89 || v > 200 {
-				t.Errorf("oldest pending age %v, want about 90", v)
-			}
-		case "sendonce_outbox_oldest_inflight_age_seconds":
-			if v < 599 || v > 700 {
-				t.Errorf("oldest in-flight age %v, want about 600", v)
-			}
-		}
-	}
 }
 
 // The relay's and the reconciler's metrics pass the Prometheus linter and

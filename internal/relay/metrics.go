@@ -10,11 +10,23 @@ import (
 type metrics struct {
 	published     prometheus.Counter
 	publishErrors prometheus.Counter
+	batchErrors   prometheus.Counter
 	batchRows     prometheus.Histogram
 	batchSeconds  prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// batchBuckets returns exponential buckets from 1ms up to at least bound:
+// a batch may take up to its bound (claim, AckTimeout, mark), and a slow
+// batch must land in a bucket that says how slow, not in +Inf.
+func batchBuckets(bound time.Duration) []float64 {
+	n := 1
+	for top := 0.001; top < bound.Seconds(); top *= 2 {
+		n++
+	}
+	return prometheus.ExponentialBuckets(0.001, 2, max(n, 14))
+}
+
+func newMetrics(reg prometheus.Registerer, batchBound time.Duration) (*metrics, error) {
 	m := &metrics{
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_relay_published_total",
@@ -22,7 +34,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_relay_publish_errors_total",
-			Help: "Relay batches in which at least one publication was not acknowledged.",
+			Help: "Outbox row publications not acknowledged by JetStream (the rows stay pending for a later batch).",
+		}),
+		batchErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_relay_batch_errors_total",
+			Help: "Relay batches that failed: a database error, or a publication not acknowledged.",
 		}),
 		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sendonce_relay_batch_rows",
@@ -32,11 +48,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sendonce_relay_batch_duration_seconds",
 			Help:    "Time from claim to commit of one relay batch.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+			Buckets: batchBuckets(batchBound),
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchRows, m.batchSeconds} {
+		for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchErrors, m.batchRows, m.batchSeconds} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("relay: register metrics: %w", err)
 			}

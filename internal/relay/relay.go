@@ -30,6 +30,7 @@ import (
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/telemetry"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -113,11 +114,45 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// batchBound is the longest one batch may take: claim, wait for the
+// PubAcks, mark.
+func (c *Config) batchBound() time.Duration {
+	return c.DBTimeout + c.AckTimeout + c.DBTimeout
+}
+
+// RepublishHorizon is the longest time between two publications of one row
+// under the same Nats-Msg-Id while Postgres answers: a failed batch rolls
+// its rows back to pending after at most its bound, and the next batch
+// comes after at most the longest backoff (5s). The SMS stream's Duplicates
+// window must exceed it, by as much Postgres outage as JetStream should
+// deduplicate (past the window a republication is stopped by the senders'
+// claim instead: harmless, one more delivery).
+func (c Config) RepublishHorizon() time.Duration {
+	c.setDefaults()
+	return c.batchBound() + 5*time.Second
+}
+
+// CheckDuplicateWindow returns an error when the stream's Duplicates window
+// is shorter than RepublishHorizon.
+func (r *Relay) CheckDuplicateWindow(ctx context.Context) error {
+	s, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("relay: stream %s: %w", r.cfg.Stream, err)
+	}
+	if w, h := s.CachedInfo().Config.Duplicates, r.cfg.RepublishHorizon(); w < h {
+		return fmt.Errorf("relay: stream %s deduplicates for %s, less than a failed batch's republication may take (%s: 2 x DB_TIMEOUT + RELAY_ACK_TIMEOUT + 5s); raise duplicate_window or lower the timeouts", r.cfg.Stream, w, h)
+	}
+	return nil
+}
+
 // Relay publishes pending outbox rows to JetStream.
 type Relay struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
+	// batches records every batch's outcome (an idle relay's empty batches
+	// too), for Ready.
+	batches telemetry.Activity
 
 	// afterAcks runs after a batch's PubAcks and before the queued write; a
 	// test hook that simulates a crash there by returning an error.
@@ -130,7 +165,7 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := newMetrics(cfg.Registerer, cfg.batchBound())
 	if err != nil {
 		return nil, err
 	}
@@ -167,6 +202,8 @@ func (r *Relay) work(ctx context.Context, wake chan struct{}, poll <-chan time.T
 		// The batch runs to completion on shutdown: its own timeouts bound it.
 		n, err := r.RelayBatch(context.WithoutCancel(ctx))
 		if err != nil {
+			r.batches.Fail()
+			r.metrics.batchErrors.Inc()
 			failures++
 			d := backoff(failures)
 			r.log.WarnContext(ctx, "relay batch failed", "err", err, "retry_in", d)
@@ -175,6 +212,7 @@ func (r *Relay) work(ctx context.Context, wake chan struct{}, poll <-chan time.T
 			}
 			continue
 		}
+		r.batches.OK()
 		failures = 0
 		if n == r.cfg.BatchSize {
 			signal(wake)
@@ -192,7 +230,7 @@ func (r *Relay) work(ctx context.Context, wake chan struct{}, poll <-chan time.T
 // RelayBatch relays one batch and returns how many rows it marked queued.
 func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 	start := time.Now()
-	dbCtx, cancel := context.WithTimeout(ctx, r.cfg.DBTimeout+r.cfg.AckTimeout+r.cfg.DBTimeout)
+	dbCtx, cancel := context.WithTimeout(ctx, r.cfg.batchBound())
 	defer cancel()
 	tx, err := r.cfg.Pool.Begin(dbCtx)
 	if err != nil {
@@ -295,9 +333,7 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 		await(next)
 	}
 	r.metrics.published.Add(float64(len(acked)))
-	if firstErr != nil {
-		r.metrics.publishErrors.Inc()
-	}
+	r.metrics.publishErrors.Add(float64(len(rows) - len(acked)))
 	return acked, seqs, firstErr
 }
 
@@ -362,6 +398,16 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// Ready reports whether the relay is doing its work, from its own progress
+// only (no call to Postgres or NATS): nil while a batch succeeded within the
+// longest a batch may take plus two poll intervals. Batches run every poll
+// interval even when there is nothing to publish, so a relay that cannot
+// reach the database, whose role lacks a grant, or whose loop is stuck turns
+// unready; a short outage (a failover, a leader election) does not.
+func (r *Relay) Ready() error {
+	return r.batches.Fresh("relay batch", time.Now(), r.cfg.batchBound()+2*r.cfg.PollInterval)
 }
 
 // SetAfterAcksForTest installs a hook run between a batch's PubAcks and its

@@ -64,7 +64,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 	if v.pause && s.cfg.Flow != nil {
 		s.cfg.Flow.Pause(ctx, out.After)
 	}
-	s.metrics.outcomes.WithLabelValues(v.outcome).Inc()
+	s.metrics.count(called, v.outcome)
 	switch {
 	case v.letter && v.status == outbox.StatusUnknown:
 		logAt(slog.LevelWarn, "outcome unknown; not retried", "reason", v.reason, "http_status", out.HTTPStatus)
@@ -109,7 +109,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 // message is held until its letter is stored, however long the dead-letter
 // stream is away, so it can never run out of deliveries unlettered.
 func (s *Sender) rejectInvalid(hold context.Context, h held, id uuid.UUID, why string) {
-	s.metrics.outcomes.WithLabelValues("invalid").Inc()
+	s.metrics.decisions.WithLabelValues("invalid").Inc()
 	payload := h.msg.Data()
 	if len(payload) > wire.MaxPayload {
 		// The letter must fit the dead-letter stream whatever arrived.

@@ -78,6 +78,10 @@ func (s *Sender) waitToken(ctx context.Context) error {
 	if s.cfg.Flow == nil {
 		return ctx.Err()
 	}
+	// Messages waiting while the rate limit or a provider's pause holds
+	// the loop wait on purpose: readiness does not count that time.
+	s.health.throttled(true)
+	defer s.health.throttled(false)
 	return s.cfg.Flow.Wait(ctx)
 }
 
@@ -100,6 +104,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		s.returnToken()
 		<-slots
 	}
+	s.health.taken()
 	byID := make(map[uuid.UUID][]held, len(batch))
 	ids := make([]uuid.UUID, 0, len(batch))
 	for _, h := range batch {
@@ -185,12 +190,14 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, b
 		claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, s.cfg.Lease, token)
 		cancel()
 		if err == nil {
+			s.health.claimed()
 			if failures > 0 {
 				s.log.Info("claim answered after failures; the messages were held meanwhile", "failures", failures, "messages", len(ids))
 			}
 			return claims, true
 		}
 		failures++
+		s.health.claimFailed()
 		s.metrics.dbRetries.WithLabelValues("claim").Inc()
 		d := min(5*time.Second, 100*time.Millisecond<<min(failures, 6))
 		if retrying(failures) {

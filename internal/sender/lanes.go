@@ -77,6 +77,7 @@ func (s *Sender) readLane(ctx context.Context, ls *lanes, l *lane) {
 				return
 			}
 			failures++
+			s.health.fetchFailed()
 			s.log.Warn("fetch failed", "lane", l.Name, "err", err)
 			if !sleep(ctx, min(5*time.Second, 50*time.Millisecond<<min(failures, 7))) {
 				return
@@ -84,6 +85,7 @@ func (s *Sender) readLane(ctx context.Context, ls *lanes, l *lane) {
 			continue
 		}
 		failures = 0
+		s.health.fetched()
 		h := held{msg: m, keep: keepAlive(m, s.heartbeat)}
 		select {
 		case l.msgs <- h:

@@ -8,6 +8,7 @@ import (
 
 type metrics struct {
 	outcomes        *prometheus.CounterVec
+	decisions       *prometheus.CounterVec
 	deadLetters     *prometheus.CounterVec
 	providerSeconds prometheus.Histogram
 	commitToSent    prometheus.Histogram
@@ -24,8 +25,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_sender_attempts_total",
-			Help: "Provider attempts and decisions by outcome class (sent, retry, permanent, ambiguous, max_attempts, invalid).",
+			Help: "Provider attempts (calls made) by outcome class (sent, retry, permanent, ambiguous).",
 		}, []string{"outcome"}),
+		// Decisions are kept apart from attempts: an error ratio over
+		// attempts must not count messages finished without a call.
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_sender_decisions_total",
+			Help: "Messages finished without a provider call, by decision: ambiguous (an earlier attempt died mid-call at a provider without idempotency), max_attempts (budget spent), invalid (not a relay message).",
+		}, []string{"decision"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_dead_letters_total",
 			Help: "Dead letters published, by reason.",
@@ -71,8 +78,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	// Every series exists from the start at 0, so that rate() and
 	// increase() see the first event of a kind.
-	for _, o := range []string{"sent", "retry", "rate_limited", "permanent", "ambiguous", "max_attempts", "invalid"} {
+	for _, o := range []string{"sent", "retry", "rate_limited", "permanent", "ambiguous"} {
 		m.outcomes.WithLabelValues(o)
+	}
+	for _, d := range []string{"ambiguous", "max_attempts", "invalid"} {
+		m.decisions.WithLabelValues(d)
 	}
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
 		m.deadLetters.WithLabelValues(r)
@@ -84,11 +94,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.laneTaken.WithLabelValues(l)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}
 		}
 	}
 	return m, nil
+}
+
+// count records a verdict's class: a provider attempt's outcome when a call
+// was made, else the decision made without one.
+func (m *metrics) count(called bool, outcome string) {
+	switch {
+	case called:
+		m.outcomes.WithLabelValues(outcome).Inc()
+	case outcome != "":
+		m.decisions.WithLabelValues(outcome).Inc()
+	}
 }

@@ -73,7 +73,8 @@ type Sender struct {
 	// heartbeat is the InProgress interval that holds a message.
 	heartbeat time.Duration
 	// lanes are the priority lanes being consumed (set by Run).
-	lanes atomic.Pointer[lanes]
+	lanes  atomic.Pointer[lanes]
+	health health // progress for Ready (health.go)
 }
 
 // New returns a Sender, or an error naming the invalid setting.
@@ -110,6 +111,7 @@ func (s *Sender) Run(ctx context.Context) error {
 		return err
 	}
 	s.lanes.Store(ls)
+	s.health.started()
 	// hold is done ShutdownTimeout after ctx: until then, work in hand is
 	// retried through outages.
 	hold, cancelHold := context.WithCancel(context.WithoutCancel(ctx))

@@ -60,6 +60,9 @@ func (s *Sender) writeLoop(hold context.Context, results <-chan result) (unwritt
 			if r.letter != nil && applied {
 				l := *r.letter
 				l.Gen, l.Attempts = w.Gen, w.Attempts
+				if w.Reason != "" {
+					l.Reason = w.Reason // the row's, should the database have made dead unknown
+				}
 				s.letters.push(l)
 			}
 			switch r.action {

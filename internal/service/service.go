@@ -8,9 +8,11 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/flow"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -84,8 +87,81 @@ func Parse(name string, s *envflag.Set, args []string, c *Settings, stderr io.Wr
 	return root, 0
 }
 
+// StartTimeout bounds each step of Open (connecting to Postgres, ensuring
+// the topology) but the wait for NATS, which lasts as long as NATS is away.
+const StartTimeout = 30 * time.Second
+
+// Telemetry serves a service's /metrics, /healthz and /readyz from the
+// start of the process: while it waits for NATS, /healthz says it is alive
+// (a liveness probe must not kill a process that waits) and /readyz that it
+// is starting. Readiness is then decided from the component's own progress
+// (SetReady), never by calling Postgres or NATS on a probe.
+type Telemetry struct {
+	// Registry holds the process's metrics: the Go and process collectors,
+	// sendonce_build_info, sendonce_dependency_up, and what the components
+	// register.
+	Registry *prometheus.Registry
+
+	readiness telemetry.Readiness
+	deps      *telemetry.Dependencies
+	pool      atomic.Pointer[pgxpool.Pool]
+	nc        atomic.Pointer[nats.Conn]
+	stop      func()
+}
+
+// StartTelemetry makes the registry and serves it on addr (nothing is
+// served when addr is empty). Stop it with Stop.
+func StartTelemetry(addr string, log *slog.Logger) (*Telemetry, error) {
+	t := &Telemetry{Registry: telemetry.NewRegistry(), deps: &telemetry.Dependencies{}, stop: func() {}}
+	t.deps.Add("postgres", func(ctx context.Context) error {
+		p := t.pool.Load()
+		if p == nil {
+			return errors.New("not connected")
+		}
+		return p.Ping(ctx)
+	})
+	t.deps.Add("nats", func(context.Context) error {
+		if nc := t.nc.Load(); nc == nil || !nc.IsConnected() {
+			return errors.New("not connected")
+		}
+		return nil
+	})
+	t.Registry.MustRegister(t.deps)
+	if addr == "" {
+		return t, nil
+	}
+	stop, err := telemetry.Start(addr, t.Registry, t.readiness.Check, log)
+	if err != nil {
+		return nil, fmt.Errorf("HTTP_ADDR: %w", err)
+	}
+	t.stop = stop
+	return t, nil
+}
+
+// SetReady installs the readiness check, once the component runs: ready
+// while the NATS connection is up and ready() (the component's own
+// progress) says so.
+func (t *Telemetry) SetReady(ready func() error) {
+	t.readiness.Set(func() error {
+		if nc := t.nc.Load(); nc == nil || !nc.IsConnected() {
+			status := "not connected"
+			if nc != nil {
+				status = nc.Status().String()
+			}
+			return fmt.Errorf("nats: %s", status)
+		}
+		return ready()
+	})
+}
+
+// Stop stops serving.
+func (t *Telemetry) Stop() { t.stop() }
+
 // Options say what a service needs of its connections.
 type Options struct {
+	// Telemetry, when set, learns the connections for its dependency
+	// gauges and readiness.
+	Telemetry *Telemetry
 	// Name identifies the process to NATS ("sendonce-relay").
 	Name string
 	// MinConns is the least size of the Postgres pool.
@@ -104,22 +180,39 @@ type Conns struct {
 	Topology *streams.Topology
 }
 
-// Open connects to Postgres and NATS within ctx and ensures (or, with
-// EnsureTopology false, checks) the streams and the consumer. Errors name
-// the setting to check.
+// Open connects to Postgres, checks that its schema is at least the version
+// this binary's migrations reach, connects to NATS, waiting for it as long
+// as ctx allows when it is away at start-up (a broker outage is not a crash
+// loop), and ensures (or, with EnsureTopology false, checks) the streams and
+// the consumer. Each step but the wait is bounded by StartTimeout. Errors
+// name the setting to check.
 func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns, error) {
+	startCtx, cancel := context.WithTimeout(ctx, StartTimeout)
+	defer cancel()
 	poolCfg, err := outbox.PoolConfig(c.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	poolCfg.MaxConns = max(poolCfg.MaxConns, o.MinConns)
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	if err := pool.Ping(ctx); err != nil {
+	if err := pool.Ping(startCtx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	// A binary on a schema older than it needs would fail every statement
+	// that touches what the newer migrations added: refuse, and say which
+	// versions (the upgrade order is migrate first, then the binaries).
+	found, need, err := migrate.CheckEmbedded(startCtx, pool)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	log.Info("schema version", "found", found, "need", need)
+	if o.Telemetry != nil {
+		o.Telemetry.pool.Store(pool)
 	}
 	nc, js, err := natsconn.Connect(NATSConfig(c.NATS, o, log))
 	if err != nil {
@@ -127,7 +220,16 @@ func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns,
 		return nil, err
 	}
 	cs := &Conns{Pool: pool, NC: nc, JS: js}
-	if cs.Topology, err = ensure(ctx, js, c.EnsureTopology, log); err != nil {
+	if o.Telemetry != nil {
+		o.Telemetry.nc.Store(nc)
+	}
+	if err := natsconn.WaitConnected(ctx, nc, log); err != nil {
+		cs.Close()
+		return nil, err
+	}
+	topoCtx, cancelTopo := context.WithTimeout(ctx, StartTimeout)
+	defer cancelTopo()
+	if cs.Topology, err = ensure(topoCtx, js, c.EnsureTopology, log); err != nil {
 		cs.Close()
 		return nil, err
 	}
@@ -170,31 +272,10 @@ func ensure(ctx context.Context, js jetstream.JetStream, create bool, log *slog.
 	return topo, nil
 }
 
-// Ready reports whether Postgres answers and the streams exist: /readyz.
-func (c *Conns) Ready(ctx context.Context) error {
-	if err := c.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	return c.Topology.Check(ctx, c.JS)
-}
-
 // Close closes the connections at once; Run drains NATS first.
 func (c *Conns) Close() {
 	c.NC.Close()
 	c.Pool.Close()
-}
-
-// Serve serves reg's metrics, /healthz and /readyz (Ready) on addr, unless
-// addr is empty, and returns the function that stops serving.
-func (c *Conns) Serve(addr string, reg prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
-	if addr == "" {
-		return func() {}, nil
-	}
-	stop, err = telemetry.Start(addr, reg, c.Ready, log)
-	if err != nil {
-		return nil, fmt.Errorf("HTTP_ADDR: %w", err)
-	}
-	return stop, nil
 }
 
 // Run runs every loop until ctx ends or one of them fails, which stops the

@@ -5,18 +5,21 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testport"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }
@@ -42,9 +45,9 @@ func open(t *testing.T, env map[string]string) *service.Conns {
 	return conns
 }
 
-// Open creates the topology on a fresh server, and /readyz says so; with
+// Open creates the topology on a fresh server; with
 // NATS_ENSURE_TOPOLOGY=false it only checks, and names the setting.
-func TestOpenEnsuresTheTopologyAndServesReadiness(t *testing.T) {
+func TestOpenEnsuresTheTopology(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewMigrated(t)
 	srv := natstest.Start(t)
@@ -68,22 +71,77 @@ func TestOpenEnsuresTheTopologyAndServesReadiness(t *testing.T) {
 	if n := conns.Pool.Config().MaxConns; n < 3 {
 		t.Fatalf("pool of %d connections, want at least 3", n)
 	}
-	stop, err := conns.Serve("127.0.0.1:0", prometheus.NewRegistry(), discard)
+}
+
+// The telemetry endpoint serves from before the connections: /healthz is
+// alive, /readyz "starting" until the component sets its check, which is
+// then asked along with the NATS connection's state (no ping on a probe);
+// the dependency gauges follow the connections.
+func TestTelemetry(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	addr := "127.0.0.1:" + strconv.Itoa(testport.Reserve(t))
+	tel, err := service.StartTelemetry(addr, discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop()
-	if err := conns.Ready(context.Background()); err != nil {
-		t.Fatalf("Ready: %v", err)
+	defer tel.Stop()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
-	if err := conns.JS.DeleteStream(context.Background(), streams.Stream); err != nil {
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("/healthz before Open = %d", code)
+	}
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "starting") {
+		t.Fatalf("/readyz before Open = %d %q", code, body)
+	}
+	conns, err := service.Open(context.Background(), service.Settings{DatabaseURL: url, NATS: natsconn.Config{URL: srv.URL()}, EnsureTopology: true},
+		service.Options{Telemetry: tel, Name: "test"}, discard)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := conns.Ready(context.Background()); err == nil {
-		t.Fatal("Ready with the work stream gone")
+	defer conns.Close()
+	var componentErr atomic.Value
+	componentErr.Store("")
+	tel.SetReady(func() error {
+		if e := componentErr.Load().(string); e != "" {
+			return errors.New(e)
+		}
+		return nil
+	})
+	if code, body := get("/readyz"); code != 200 {
+		t.Fatalf("/readyz = %d %q, want 200", code, body)
 	}
-	if stop, err := conns.Serve("", nil, discard); err != nil || stop == nil {
-		t.Fatalf("Serve with no address: %v", err)
+	componentErr.Store("relay batch: no success for 1m0s")
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "relay batch") {
+		t.Fatalf("/readyz with the component stalled = %d %q", code, body)
+	}
+	componentErr.Store("")
+	mfs, err := tel.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "sendonce_dependency_up" {
+			for _, m := range mf.GetMetric() {
+				up[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if up["postgres"] != 1 || up["nats"] != 1 {
+		t.Fatalf("dependency gauges %v, want postgres and nats up", up)
+	}
+	conns.NC.Close()
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "nats") {
+		t.Fatalf("/readyz with NATS closed = %d %q", code, body)
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package telemetry provides the operational surface of the sendonce
-// processes: structured logs and the HTTP endpoints /metrics, /healthz and
-// /readyz.
+// processes: structured logs, the HTTP endpoints /metrics, /healthz and
+// /readyz, the build-info and dependency gauges, and the progress records
+// that readiness is decided from.
 package telemetry
 
 import (
@@ -43,10 +44,11 @@ func durationText(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-// NewRegistry returns a registry with the Go runtime and process collectors.
+// NewRegistry returns a registry with the Go runtime and process collectors
+// and sendonce_build_info.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), BuildInfo())
 	return reg
 }
 
@@ -57,7 +59,10 @@ type Server struct {
 }
 
 // Listen binds addr and returns a server ready to Serve. ready is called by
-// /readyz with a bounded context; nil means always ready.
+// /readyz with a bounded context; nil means always ready. It should decide
+// from the process's own state (connections up, recent progress: see
+// Activity), not by calling shared services. /healthz is liveness: it
+// answers as long as the process serves HTTP.
 func Listen(addr string, gatherer prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -1,0 +1,77 @@
+package sender_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+// Readiness follows the sender's own progress: not ready before Run
+// consumes, ready while idle (no ping of Postgres or NATS decides it), and
+// unready once its claims have failed for longer than the stall allowance.
+func TestReadyFollowsTheSendersProgress(t *testing.T) {
+	t.Parallel()
+	const stall = 300 * time.Millisecond
+	// A database nobody listens for: every claim fails.
+	pool, err := pgxpool.New(context.Background(), "postgres://sendonce@127.0.0.1:1/nothing?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t)
+	_, js := srv.Connect(t)
+	p, err := provider.New(provider.Config{BaseURL: "http://127.0.0.1:1", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sender.New(sender.Config{Pool: pool, JetStream: js, Provider: p, DBTimeout: 500 * time.Millisecond, ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ready(stall); err == nil {
+		t.Fatal("ready before Run")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitReady := func(what string, ok func(error) bool) error {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			err := s.Ready(stall)
+			if ok(err) {
+				return err
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; Ready = %v", what, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// Idle, with the database unreachable: nothing to claim, so ready.
+	waitReady("ready while idle", func(err error) bool { return err == nil })
+	payload := wire.AppendEncode(nil, wire.Send{ID: uuid.New()})
+	if _, err := js.Publish(context.Background(), "sms.send", payload); err != nil {
+		t.Fatal(err)
+	}
+	err = waitReady("unready while claims fail", func(err error) bool { return err != nil })
+	if !strings.Contains(err.Error(), "postgres") {
+		t.Fatalf("Ready = %v, want the failing claims named", err)
+	}
+}
