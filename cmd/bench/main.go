@@ -198,6 +198,6 @@ func applyQuick(c *config, fs *flag.FlagSet, getenv func(string) string) {
 	shrink("scale-rows", "BENCH_SCALE_ROWS", func() { c.scaleRows = 600 })
 	shrink("bulk-rows", "BENCH_BULK_ROWS", func() { c.bulkRows = 5000 })
 	shrink("urgent-rows", "BENCH_URGENT_ROWS", func() { c.urgentRows = 20 })
-	shrink("ratelimit-duration", "BENCH_RATELIMIT_DURATION", func() { c.limitWindow = 12 * time.Second })
+	shrink("ratelimit-duration", "BENCH_RATELIMIT_DURATION", func() { c.limitWindow = 25 * time.Second })
 	shrink("timeout", "BENCH_TIMEOUT", func() { c.timeout = time.Minute })
 }

@@ -97,6 +97,8 @@ type Limiter struct {
 	degraded    bool
 	lastWarn    time.Time // the last "unreachable" warning, to log one in a while
 	synced      bool      // the bucket's state has been read once
+	syncedAt    time.Time
+	recomputed  time.Time // the last time the share was computed
 	started     time.Time
 	kv          jetstream.KeyValue
 }
@@ -211,6 +213,14 @@ func (l *Limiter) take(now time.Time) (time.Duration, bool) {
 	if l.cfg.Limit <= 0 {
 		return 0, true
 	}
+	if stale := now.Sub(maxTime(l.recomputed, l.started)); stale > 2*l.cfg.LiveFor {
+		// The loop that keeps the share up to date has not run for a while
+		// (Run not started, or held up): keep to the fallback share rather
+		// than to a stale one, or to none.
+		l.refill(now)
+		l.rate = l.cfg.Limit / float64(max(1, l.lastLive))
+		l.metrics.share.Set(l.rate)
+	}
 	l.refill(now)
 	if l.tokens >= 1 {
 		l.tokens--
@@ -311,11 +321,14 @@ func (l *Limiter) Run(ctx context.Context) error {
 				// sender is known.
 				l.mu.Lock()
 				if !l.synced {
-					l.synced, l.lastEcho = true, time.Now()
+					l.synced, l.lastEcho, l.syncedAt = true, time.Now(), time.Now()
 				}
 				l.mu.Unlock()
 				l.recompute(time.Now())
-			} else if l.observe(e) {
+			} else {
+				// Every heartbeat, this sender's or another's, changes the
+				// split: take it in at once.
+				l.observe(e)
 				l.recompute(time.Now())
 			}
 		case <-t.C:
@@ -460,6 +473,7 @@ func (l *Limiter) observe(e jetstream.KeyValueEntry) bool {
 func (l *Limiter) recompute(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.recomputed = now
 	if l.cfg.Limit <= 0 {
 		return
 	}
@@ -469,6 +483,12 @@ func (l *Limiter) recompute(now time.Time) {
 	}
 	if !l.synced && now.Sub(l.started) <= l.cfg.LiveFor {
 		// Not one look at the bucket yet: send nothing rather than guess.
+		return
+	}
+	if l.synced && now.Sub(l.syncedAt) < l.cfg.Heartbeat {
+		// Senders started at the same moment cannot see each other yet:
+		// wait one heartbeat, so that every one of them has put its own,
+		// before taking a share (a fleet started together is no burst).
 		return
 	}
 	if !l.synced || now.Sub(l.lastEcho) > l.cfg.LiveFor {
