@@ -287,7 +287,7 @@ func TestChaosMaxDeliverExhausted(t *testing.T) {
 	e.background("reconciler", e.newReconciler(time.Minute).Run)
 	ids := e.insert(5)
 	rows := e.checkInvariants(ids, time.Minute)
-	dls := e.deadLetters()
+	dls := e.lettersOf(ids, 30*time.Second)
 	for _, id := range ids {
 		if r := rows[id]; r.status != outbox.StatusDead || r.attempts != 8 {
 			t.Errorf("row = %+v, want dead after its 8 attempts (MaxDeliver 3 < max_attempts 8)", r)

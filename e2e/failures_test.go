@@ -126,7 +126,7 @@ func TestLostResponseAtNonIdempotentProviderEndsUnknown(t *testing.T) {
 	if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 {
 		t.Fatalf("provider got %d requests, want 1", d.Requests)
 	}
-	dl := deadLetterFor(e.deadLetters(), ids[0])
+	dl := deadLetterFor(e.lettersOf(ids[:1], 30*time.Second), ids[0])
 	if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != wire.ReasonAmbiguous {
 		t.Fatalf("dead letters = %v", dl)
 	}
@@ -169,7 +169,7 @@ func TestRefusalAfterALostAnswerEndsUnknown(t *testing.T) {
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("provider called %d times, want 2", n)
 	}
-	dl := deadLetterFor(e.deadLetters(), ids[0])
+	dl := deadLetterFor(e.lettersOf(ids[:1], 30*time.Second), ids[0])
 	if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != wire.ReasonAmbiguous {
 		t.Fatalf("dead letters = %v, want one with reason ambiguous", dl)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/toxictest"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
@@ -364,6 +365,24 @@ func (e *env) deadLetters() []jetstream.RawStreamMsg {
 		out = append(out, *m)
 	}
 	return out
+}
+
+// lettersOf waits until every row in ids has a dead letter, and returns the
+// stream's letters. A sender stores a letter after the row's final status
+// commits, so a terminal row's letter may be a moment behind it.
+func (e *env) lettersOf(ids []uuid.UUID, timeout time.Duration) []jetstream.RawStreamMsg {
+	e.t.Helper()
+	var dls []jetstream.RawStreamMsg
+	testkit.WaitFor(e.t, timeout, "a dead letter for every row", func() bool {
+		dls = e.deadLetters()
+		for _, id := range ids {
+			if len(deadLetterFor(dls, id)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return dls
 }
 
 func deadLetterFor(dls []jetstream.RawStreamMsg, id uuid.UUID) []jetstream.RawStreamMsg {

@@ -95,7 +95,7 @@ func TestSenderDiedAfterAcceptNonIdempotentProviderEndsUnknown(t *testing.T) {
 			if d := e.stub.Deliveries()[ids[0].String()]; d.Requests != 1 || d.Deliveries != 1 {
 				t.Fatalf("provider: %+v, want the one original request only", d)
 			}
-			dl := deadLetterFor(e.deadLetters(), ids[0])
+			dl := deadLetterFor(e.lettersOf(ids[:1], 30*time.Second), ids[0])
 			if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != wire.ReasonAmbiguous {
 				t.Fatalf("dead letters = %v, want one with reason ambiguous", dl)
 			}

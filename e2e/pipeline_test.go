@@ -192,7 +192,7 @@ func TestPermanentFailureIsDeadLetteredAfterOneCall(t *testing.T) {
 	e.startSender(senderOptions{})
 	ids := e.insert(3)
 	rows := e.waitTerminal(ids, time.Minute)
-	dls := e.deadLetters()
+	dls := e.lettersOf(ids, 30*time.Second)
 	for _, id := range ids {
 		r := rows[id]
 		if r.status != outbox.StatusDead || r.attempts != 1 || r.lastErr == "" {
@@ -292,7 +292,7 @@ func TestAttemptsAreBounded(t *testing.T) {
 			if r := rows[ids[0]]; r.status != tt.wantStatus || r.attempts != 3 {
 				t.Fatalf("row = %+v, want %s after 3 attempts", r, tt.wantStatus)
 			}
-			dl := deadLetterFor(e.deadLetters(), ids[0])
+			dl := deadLetterFor(e.lettersOf(ids[:1], 30*time.Second), ids[0])
 			if len(dl) != 1 || dl[0].Header.Get(wire.HeaderReason) != tt.wantReason {
 				t.Fatalf("dead letters = %v, want one with reason %s", dl, tt.wantReason)
 			}
