@@ -243,6 +243,17 @@ func TestLogin(t *testing.T) {
 	if res.StatusCode != http.StatusForbidden {
 		t.Fatalf("cross-site login: %s, want 403", res.Status)
 	}
+	req, _ = http.NewRequest("POST", f.srv.URL+"/login", strings.NewReader(url.Values{"username": {"alice"}, "password": {operatorPassword}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	req.Header.Set("Origin", "null")
+	if res, err = f.client().Do(req); err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusForbidden {
+		t.Fatalf("cross-site login (Sec-Fetch-Site): %s, want 403", res.Status)
+	}
 
 	// Guessing: after a few failures even the right password waits.
 	for range 5 {

@@ -69,10 +69,14 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // sameOrigin refuses a login posted from another site (login CSRF): a
-// browser sends Origin with a POST; a tool that sends none is let through.
+// browser says where a POST comes from in Sec-Fetch-Site and Origin; a
+// tool that sends neither is let through.
 func sameOrigin(r *http.Request) bool {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+		return false
+	}
 	o := r.Header.Get("Origin")
-	if o == "" {
+	if o == "" || o == "null" {
 		return true
 	}
 	u, err := url.Parse(o)

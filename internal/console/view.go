@@ -186,7 +186,7 @@ func timeline(v messageView) []event {
 		evs = append(evs, event{At: a.StartedAt, Kind: "attempt", Title: fmt.Sprintf("attempt %d: %s", a.Number, a.Outcome), Detail: d})
 	}
 	for _, l := range v.Letters {
-		d := fmt.Sprintf("publish generation %d, %d attempts", l.Gen, l.Attempts)
+		d := fmt.Sprintf("publish generation %d, attempts %d", l.Gen, l.Attempts)
 		if l.ProviderCode != 0 {
 			d += fmt.Sprintf(", provider code %d", l.ProviderCode)
 		}
