@@ -54,7 +54,7 @@ var users = sync.OnceValue(func() []console.User {
 })
 
 type fixture struct {
-	t     *testing.T
+	t     testing.TB
 	owner *pgxpool.Pool
 	js    jetstream.JetStream
 	srv   *httptest.Server
@@ -64,6 +64,11 @@ type fixture struct {
 // setup serves a console on a fresh database, as the role
 // sendonce_console, and an embedded NATS server.
 func setup(t *testing.T) *fixture {
+	t.Helper()
+	return setupTB(t)
+}
+
+func setupTB(t testing.TB) *fixture {
 	t.Helper()
 	owner, dbURL := pgtest.NewPool(t)
 	pool, err := pgxpool.New(context.Background(), pgtest.AsRole(t, dbURL, "sendonce_console"))

@@ -173,8 +173,9 @@ type reasonCount struct {
 	Rows   int64
 }
 
-// windowLimit bounds the counts of the last hour and day per index.
-const windowLimit = 100_000
+// windowLimit bounds the counts of the last hour and day per index: an
+// index-only count of 500,000 entries takes ~40 ms.
+const windowLimit = 500_000
 
 func (c *Console) loadOverview(ctx context.Context) (overviewView, error) {
 	db := c.cfg.Pool

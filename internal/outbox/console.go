@@ -120,47 +120,41 @@ type WindowCount struct {
 }
 
 // CountChanged returns, for each of ConsoleStatuses, the rows now in it
-// whose last change came at or after since, counting at most limit rows of
-// each group of statuses that shares an index.
+// whose last change came at or after since. Each count reads a range of a
+// partial index (index-only where it can) and stops at limit rows.
 func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([]WindowCount, error) {
-	// Each subquery repeats an index's predicate and reads the newest
-	// limit entries of its range.
-	groups := []string{
-		`SELECT status FROM sms_outbox WHERE status = 'pending' AND created_at >= $1 ORDER BY created_at DESC LIMIT $2`,
-		`SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 ORDER BY updated_at DESC LIMIT $2`,
-		`SELECT status FROM sms_outbox WHERE status IN ('sent', 'dead', 'unknown') AND updated_at >= $1 ORDER BY updated_at DESC LIMIT $2`,
-	}
-	counts := map[State]int64{}
-	capped := map[State]bool{}
-	var parts []string
-	for i, g := range groups {
-		parts = append(parts, fmt.Sprintf(`SELECT %d, status, count(*) FROM (%s) g%d GROUP BY status`, i, g, i))
-	}
-	rows, _ := q.Query(ctx, strings.Join(parts, " UNION ALL "), since, limit)
-	perGroup := map[int]int64{}
-	members := map[int][]State{}
-	var g int
-	var s string
-	var n int64
-	_, err := pgx.ForEachRow(rows, []any{&g, &s, &n}, func() error {
-		counts[State(s)] = n
-		perGroup[g] += n
-		members[g] = append(members[g], State(s))
-		return nil
-	})
+	// The finished index holds no status: sent is the finished rows less
+	// the dead and unknown ones, which their own index counts.
+	var pending, queued, sending, finished, dead, unknown int64
+	err := q.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' AND created_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'queued') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'sending') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('sent', 'dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'dead') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'unknown') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g)`,
+		since, limit).Scan(&pending, &queued, &sending, &finished, &dead, &unknown)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: count recent rows: %w", err)
 	}
-	for g, n := range perGroup {
-		if n >= int64(limit) {
-			for _, s := range members[g] {
-				capped[s] = true
-			}
-		}
+	lim := int64(limit)
+	got := map[State]WindowCount{
+		StatusPending: {Rows: pending, Capped: pending >= lim},
+		StatusQueued:  {Rows: queued, Capped: queued+sending >= lim},
+		StatusSending: {Rows: sending, Capped: queued+sending >= lim},
+		StatusSent:    {Rows: max(0, finished-dead-unknown), Capped: finished >= lim},
+		StatusDead:    {Rows: dead, Capped: dead+unknown >= lim},
+		StatusUnknown: {Rows: unknown, Capped: dead+unknown >= lim},
 	}
 	out := make([]WindowCount, 0, len(ConsoleStatuses))
 	for _, s := range ConsoleStatuses {
-		out = append(out, WindowCount{Status: s, Rows: counts[s], Capped: capped[s]})
+		w := got[s]
+		w.Status = s
+		out = append(out, w)
 	}
 	return out, nil
 }
