@@ -99,7 +99,7 @@ func Start(t testing.TB) *Browser {
 		"goog:chromeOptions": map[string]any{"binary": chromium, "args": []string{
 			"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 			"--disable-background-networking", "--disable-component-update", "--disable-sync",
-			"--disable-dev-shm-usage", "--window-size=1280,960", "--user-data-dir=" + profile,
+			"--disable-dev-shm-usage", "--window-size=1280,1100", "--user-data-dir=" + profile,
 		}},
 	}}}, &created)
 	b.session = created.SessionID
