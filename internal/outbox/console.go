@@ -30,12 +30,16 @@ type StatusCount struct {
 	Estimated bool
 }
 
+// backlogBound bounds the count of one unfinished status on a large table.
+const backlogBound = 1_000_000
+
 // CountStatuses returns the rows in each of ConsoleStatuses. On a table the
 // statistics put under exactBelow rows it counts them all (one pass over a
 // small table). Above, it counts the statuses a partial index serves
-// (pending, queued, sending, dead, unknown) and estimates the others (sent
-// and later: the bulk of the table) from the live-row estimate less those
-// counts, split by the statistics' frequencies.
+// (pending, queued, sending, dead, unknown; a backlog beyond a million rows
+// is estimated) and estimates the others (sent and later: the bulk of the
+// table) from the live-row estimate less those counts, split by the
+// statistics' frequencies.
 func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCount, error) {
 	var live int64
 	var freqs map[string]float64
@@ -62,19 +66,29 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 			return nil, fmt.Errorf("outbox: count rows: %w", err)
 		}
 	} else {
-		// Each condition is a partial index's predicate.
-		var pending, queued, sending, dead, unknown int64
-		err := q.QueryRow(ctx, `SELECT
-			(SELECT count(*) FROM sms_outbox WHERE status = 'pending'),
-			(SELECT count(*) FILTER (WHERE status = 'queued') FROM sms_outbox WHERE status IN ('queued', 'sending')),
-			(SELECT count(*) FILTER (WHERE status = 'sending') FROM sms_outbox WHERE status IN ('queued', 'sending')),
-			(SELECT count(*) FILTER (WHERE status = 'dead') FROM sms_outbox WHERE status IN ('dead', 'unknown')),
-			(SELECT count(*) FILTER (WHERE status = 'unknown') FROM sms_outbox WHERE status IN ('dead', 'unknown'))`).
-			Scan(&pending, &queued, &sending, &dead, &unknown)
+		// The unfinished statuses are counted from their partial indexes up
+		// to a bound (a backlog beyond it is estimated, as the relay's
+		// gauges do); dead and unknown from theirs (migration 0011).
+		for _, st := range []State{StatusPending, StatusQueued, StatusSending} {
+			n, err := CountUpTo(ctx, q, st, backlogBound)
+			if err != nil {
+				return nil, err
+			}
+			if n >= backlogBound {
+				if n, err = EstimateRows(ctx, q, st); err != nil {
+					return nil, err
+				}
+				estimated[st] = true
+			}
+			counts[st] = n
+		}
+		var dead, unknown int64
+		err := q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE status = 'unknown')
+			FROM sms_outbox WHERE status IN ('dead', 'unknown')`).Scan(&dead, &unknown)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: count rows: %w", err)
 		}
-		counts[StatusPending], counts[StatusQueued], counts[StatusSending] = pending, queued, sending
+		pending, queued, sending := counts[StatusPending], counts[StatusQueued], counts[StatusSending]
 		counts[StatusDead], counts[StatusUnknown] = dead, unknown
 		freqs = map[string]float64{}
 		for i, v := range vals {
