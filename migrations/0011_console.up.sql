@@ -12,7 +12,7 @@ END $$;
 -- attempts, claims and dead-letter facts.
 GRANT SELECT (id, status, attempt_count, max_attempts, publish_gen, stream_seq, next_attempt_at,
               last_error, provider_ref, created_at, updated_at, maybe_accepted, claim_id,
-              lease_until, end_reason, letter_seq)
+              lease_until, end_reason, letter_seq, priority)
     ON sms_outbox TO sendonce_console;
 -- What a replay (outbox.Replay) writes.
 GRANT UPDATE (status, publish_gen, attempt_count, next_attempt_at, updated_at, stream_seq,

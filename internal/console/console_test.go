@@ -403,7 +403,7 @@ func TestReplayPreviewThenConfirm(t *testing.T) {
 
 	// The message's page shows the replay, never the number or the body.
 	_, page = f.do(c, "GET", "/messages/"+id.String(), nil)
-	for _, want := range []string{`data-field="status">pending<`, `data-event="replay"`, `data-event="letter"`, "&#43;1********21"} {
+	for _, want := range []string{`data-field="status">pending<`, `data-field="priority">2 (normal)<`, `data-event="replay"`, `data-event="letter"`, "&#43;1********21"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("message page lacks %s", want)
 		}

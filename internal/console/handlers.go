@@ -155,6 +155,7 @@ type overviewView struct {
 	At             time.Time
 	Statuses       []statusLine
 	RelayLag       time.Duration
+	OldestUrgent   time.Duration
 	OldestPending  outbox.OldestRow
 	OldestInFlight outbox.OldestRow
 	SendsPerSecond float64
@@ -200,6 +201,9 @@ func (c *Console) loadOverview(ctx context.Context) (overviewView, error) {
 	}
 	if v.OldestPending.Found {
 		v.RelayLag = max(0, v.At.Sub(v.OldestPending.Since))
+	}
+	if v.OldestUrgent, err = outbox.OldestUrgent(ctx, db); err != nil {
+		return v, err
 	}
 	since := v.At.Add(-time.Hour).Truncate(time.Second)
 	minutes, err := outbox.AttemptsPerMinute(ctx, db, since)
@@ -534,7 +538,7 @@ func (c *Console) search(w http.ResponseWriter, r *http.Request, s *session) {
 
 // messageView is a message page's data.
 type messageView struct {
-	Row        outbox.Row
+	Row        outbox.MaskedMessage
 	Attempts   []outbox.Attempt
 	Letters    []deadletter.Letter
 	LettersErr string

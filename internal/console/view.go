@@ -169,7 +169,7 @@ type event struct {
 // status now. Delivery receipts join it here, as events of kind "receipt",
 // once the outbox stores them.
 func timeline(v messageView) []event {
-	row := v.Row
+	row := v.Row.Row
 	evs := []event{{At: row.CreatedAt, Kind: "created", Title: "created",
 		Detail: fmt.Sprintf("to %s, body of %d characters, at most %d attempts", row.ToMasked, row.BodyChars, row.MaxAttempts)}}
 	for _, a := range v.Attempts {

@@ -178,8 +178,9 @@ func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([
 type MinuteAttempts struct {
 	// Minute is the start of the minute.
 	Minute time.Time
-	// Sent, Retry and Failed count attempts whose outcome was sent, retry,
-	// or one that ended the row (permanent, ambiguous, max_attempts).
+	// Sent, Retry and Failed count attempts whose outcome was sent, retry
+	// or rate_limited (the row is tried again), or one that ended the row
+	// (permanent, ambiguous, max_attempts).
 	Sent, Retry, Failed int64
 }
 
@@ -190,8 +191,8 @@ type MinuteAttempts struct {
 func AttemptsPerMinute(ctx context.Context, q Querier, since time.Time) ([]MinuteAttempts, error) {
 	rows, _ := q.Query(ctx, `SELECT date_bin('1 minute', started_at, $1) AS m,
 			count(*) FILTER (WHERE outcome = 'sent'),
-			count(*) FILTER (WHERE outcome = 'retry'),
-			count(*) FILTER (WHERE outcome NOT IN ('sent', 'retry'))
+			count(*) FILTER (WHERE outcome IN ('retry', 'rate_limited')),
+			count(*) FILTER (WHERE outcome NOT IN ('sent', 'retry', 'rate_limited'))
 		FROM sms_attempts WHERE started_at >= $1 GROUP BY m ORDER BY m`, since)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MinuteAttempts, error) {
 		var m MinuteAttempts
@@ -344,25 +345,33 @@ func LetterSeqs(ctx context.Context, q Querier, ids []uuid.UUID) (map[uuid.UUID]
 	return out, nil
 }
 
+// MaskedMessage is a row as the console shows it.
+type MaskedMessage struct {
+	Row
+	// Priority is 1 (urgent), 2 (normal) or 3 (bulk).
+	Priority int16
+}
+
 // MaskedRow reads one row for the console: what GetRow reads, with the
 // number masked and the body's length taken from the view
 // sms_outbox_masked, so that the console's role needs no right on either.
-func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
-	var r Row
+func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (MaskedMessage, error) {
+	var m MaskedMessage
+	r := &m.Row
 	var ref, lastErr, reason *string
 	var leaseUntil *time.Time
 	err := q.QueryRow(ctx, `SELECT o.id, o.status, m.to_masked, m.body_chars, o.attempt_count, o.max_attempts, o.publish_gen,
 			o.stream_seq, o.provider_ref, o.last_error, o.created_at, o.updated_at, o.next_attempt_at, o.maybe_accepted,
-			o.lease_until, o.end_reason, o.letter_seq
+			o.lease_until, o.end_reason, o.letter_seq, o.priority
 		FROM sms_outbox o JOIN sms_outbox_masked m ON m.id = o.id WHERE o.id = $1`, id).
 		Scan(&r.ID, &r.Status, &r.ToMasked, &r.BodyChars, &r.Attempts, &r.MaxAttempts, &r.Gen,
 			&r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted,
-			&leaseUntil, &reason, &r.LetterSeq)
+			&leaseUntil, &reason, &r.LetterSeq, &m.Priority)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Row{}, ErrNotFound
+		return MaskedMessage{}, ErrNotFound
 	}
 	if err != nil {
-		return Row{}, fmt.Errorf("outbox: read row: %w", err)
+		return MaskedMessage{}, fmt.Errorf("outbox: read row: %w", err)
 	}
 	for p, v := range map[*string]*string{&r.ProviderRef: ref, &r.LastError: lastErr, &r.EndReason: reason} {
 		if v != nil {
@@ -372,7 +381,7 @@ func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	if leaseUntil != nil {
 		r.LeaseUntil = *leaseUntil
 	}
-	return r, nil
+	return m, nil
 }
 
 // FindByProviderRef returns the rows whose provider_ref is ref (at most a

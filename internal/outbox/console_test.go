@@ -162,7 +162,7 @@ func TestMaskedViewMasksAsMaskPhone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if row.ToMasked != outbox.MaskPhone(to) || row.BodyChars != 1 {
+		if row.ToMasked != outbox.MaskPhone(to) || row.BodyChars != 1 || row.Priority != 2 {
 			t.Errorf("%s: view gives %q (%d chars), MaskPhone %q", to, row.ToMasked, row.BodyChars, outbox.MaskPhone(to))
 		}
 	}
@@ -309,6 +309,7 @@ func TestConsoleRoleGrants(t *testing.T) {
 			}},
 			{"count changed", func() error { _, err := outbox.CountChanged(ctx, tx, since, 10); return err }},
 			{"oldest", func() error { _, _, err := outbox.OldestRows(ctx, tx); return err }},
+			{"oldest urgent", func() error { _, err := outbox.OldestUrgent(ctx, tx); return err }},
 			{"attempts per minute", func() error { _, err := outbox.AttemptsPerMinute(ctx, tx, since); return err }},
 			{"dead by reason", func() error { _, err := outbox.DeadByReason(ctx, tx, since); return err }},
 			{"dead rows", func() error { _, err := outbox.DeadRows(ctx, tx, outbox.DeadFilter{}, 10); return err }},
