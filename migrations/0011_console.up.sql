@@ -1,6 +1,10 @@
+-- sendonce:no-transaction
 -- The operator console (relay console): a role with only what its pages read
 -- and its replays write, a view that shows numbers masked, the audit of its
 -- replays, and two indexes that keep its overview cheap on a large table.
+-- This file runs outside a transaction, one statement at a time, so that the
+-- index builds go on concurrently with the applications' writes. Every
+-- statement is safe to run again.
 DO $$
 BEGIN
     CREATE ROLE sendonce_console NOLOGIN;
@@ -19,11 +23,12 @@ GRANT UPDATE (status, publish_gen, attempt_count, next_attempt_at, updated_at, s
               claim_id, lease_until, end_reason, letter_seq, last_error)
     ON sms_outbox TO sendonce_console;
 GRANT SELECT ON sms_attempts TO sendonce_console;
+GRANT SELECT ON sendonce_schema_migrations TO sendonce_console;
 
 -- The number as the logs show it (outbox.MaskPhone: "+1*******67") and the
 -- body's length. A view runs with its owner's rights, so the console role
 -- reads masked numbers without any right on to_e164 or body.
-CREATE VIEW sms_outbox_masked AS
+CREATE OR REPLACE VIEW sms_outbox_masked AS
 SELECT id,
        CASE WHEN length(to_e164) < 5 THEN '+***'
             ELSE left(to_e164, 2) || repeat('*', length(to_e164) - 4) || right(to_e164, 2)
@@ -34,7 +39,7 @@ GRANT SELECT ON sms_outbox_masked TO sendonce_console;
 
 -- One row per replay made from the console: who, when, what was asked and
 -- what was done. The console may add rows and read them, never change them.
-CREATE TABLE sendonce_console_audit (
+CREATE TABLE IF NOT EXISTS sendonce_console_audit (
     id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at        timestamptz NOT NULL DEFAULT now(),
     username  text        NOT NULL,
@@ -45,17 +50,20 @@ CREATE TABLE sendonce_console_audit (
     refused   integer     NOT NULL,
     remote    text
 );
-CREATE INDEX sendonce_console_audit_replayed_idx ON sendonce_console_audit USING gin (replayed);
+CREATE INDEX IF NOT EXISTS sendonce_console_audit_replayed_idx ON sendonce_console_audit USING gin (replayed);
 GRANT SELECT, INSERT ON sendonce_console_audit TO sendonce_console;
 
 -- Dead and unknown rows, newest change first: the dead-letters page, the
 -- overview's counts of them and its dead letters per hour by reason. Rows
 -- in these statuses are few, so the index is small and only rows entering
--- them pay for it.
-CREATE INDEX sms_outbox_dead_idx ON sms_outbox (updated_at) INCLUDE (status, end_reason)
+-- them pay for it. Built concurrently; a build that failed part-way leaves
+-- an invalid index of this name, dropped first.
+DROP INDEX CONCURRENTLY IF EXISTS sms_outbox_dead_idx;
+CREATE INDEX CONCURRENTLY sms_outbox_dead_idx ON sms_outbox (updated_at) INCLUDE (status, end_reason)
     WHERE status IN ('dead', 'unknown');
 
 -- Attempts by start time: the overview's sends per second and its chart of
 -- the last hour. Attempts are appended in time order, so the insert lands on
 -- the index's rightmost page.
-CREATE INDEX sms_attempts_started_idx ON sms_attempts (started_at) INCLUDE (outcome);
+DROP INDEX CONCURRENTLY IF EXISTS sms_attempts_started_idx;
+CREATE INDEX CONCURRENTLY sms_attempts_started_idx ON sms_attempts (started_at) INCLUDE (outcome);

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/console"
 	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/service"
@@ -106,6 +107,13 @@ func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, 
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
+	// As every long-running command: refuse a schema older than this
+	// release's migrations (the console reads what 0011 added).
+	found, need, err := migrate.CheckEmbedded(startCtx, pool)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	log.Info("schema version", "found", found, "need", need)
 	nc, js, err := natsconn.Connect(service.NATSConfig(c.NATS, service.Options{Name: "sendonce-console"}, log))
 	if err != nil {
 		return err
