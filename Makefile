@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 CMDS    := relay sender smsstub demo soak bench
 
-.PHONY: build crash-build demo soak bench bench-retention test docs vet clean fuzz
+.PHONY: build crash-build demo soak bench bench-retention console-bench test docs vet clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
@@ -30,6 +30,11 @@ bench: build
 # 10,000,000; loading them takes minutes). Not part of make test.
 bench-retention:
 	$(GO) test -run '^$$' -bench BenchmarkRetentionDeleteVsPartitionDrop -benchtime 1x -timeout 60m -v ./internal/relay/
+
+# console-bench: the operator console's pages on a 1,000,000-row outbox
+# (SENDONCE_CONSOLE_ROWS to change): time to first byte and bytes per page.
+console-bench:
+	$(GO) test -run '^$$' -bench BenchmarkPages -benchtime 20x -timeout 30m ./internal/console/
 
 test:
 	$(GO) test -race -count=1 -timeout 30m ./...

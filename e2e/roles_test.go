@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	app "github.com/sendonce/sendonce/outbox"
 )
@@ -22,16 +22,7 @@ import (
 // a login role that is a member of it would.
 func asRole(t *testing.T, dbURL, role string) *pgxpool.Pool {
 	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Spaces as %20: the driver does not read "+" as a space here.
-	if u.RawQuery != "" {
-		u.RawQuery += "&"
-	}
-	u.RawQuery += "options=-c%20role%3D" + role
-	return newPool(t, u.String())
+	return newPool(t, pgtest.AsRole(t, dbURL, role))
 }
 
 // Each component runs as its own least-privilege role, and a statement

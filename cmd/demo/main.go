@@ -16,13 +16,16 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sendonce/sendonce/internal/console"
 	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/proc"
@@ -44,6 +47,7 @@ type config struct {
 	apiTimeout   time.Duration
 	timeout      time.Duration
 	keepLogs     bool
+	consoleAddr  string
 }
 
 func bind(s *envflag.Set, c *config) {
@@ -58,6 +62,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", time.Second, 10*time.Millisecond, time.Minute, "senders' bound on one provider attempt")
 	s.Duration(&c.timeout, "timeout", "DEMO_TIMEOUT", 5*time.Minute, time.Second, 24*time.Hour, "give up if the messages are not finished by then")
 	s.Bool(&c.keepLogs, "keep-logs", "DEMO_KEEP_LOGS", false, "keep the processes' log directory")
+	s.String(&c.consoleAddr, "console-addr", "DEMO_CONSOLE_ADDR", "127.0.0.1:8089", "address of the operator console (relay console) the demo starts, a free port if taken; empty starts none. In a terminal the demo keeps it up after the summary until Ctrl-C")
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -135,6 +140,10 @@ func (d *demo) run(ctx context.Context) error {
 		}
 	}
 	fmt.Fprintf(d.out, "started:  1 relay, %d senders (logs in %s)\n", d.cfg.senders, d.logDir)
+	consoleURL, err := d.startConsole(ctx, env)
+	if err != nil {
+		return err
+	}
 
 	pool, err := pgxpool.New(ctx, d.cfg.databaseURL)
 	if err != nil {
@@ -154,7 +163,49 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return d.summary(ctx, pool, ids, counts, stubURL, wall)
+	if err := d.summary(ctx, pool, ids, counts, stubURL, wall); err != nil {
+		return err
+	}
+	if consoleURL != "" && d.terminal() {
+		fmt.Fprintf(d.out, "console:  still serving at %s; Ctrl-C to stop\n", consoleURL)
+		<-ctx.Done()
+	}
+	return nil
+}
+
+// startConsole starts relay console with a users file holding one
+// operator with a fresh password, and prints its address and the login.
+func (d *demo) startConsole(ctx context.Context, env []string) (string, error) {
+	if d.cfg.consoleAddr == "" {
+		return "", nil
+	}
+	password := strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	line, err := console.UserLine("demo", console.RoleOperator, password)
+	if err != nil {
+		return "", err
+	}
+	users := filepath.Join(d.logDir, "console-users")
+	if err := os.WriteFile(users, []byte("# the demo's operator\n"+line+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	var url string
+	for _, addr := range []string{d.cfg.consoleAddr, "127.0.0.1:0"} {
+		p, err := d.start("console", "relay", []string{"console"}, append(env[:len(env):len(env)], "CONSOLE_ADDR="+addr, "CONSOLE_USERS_FILE="+users))
+		if err != nil {
+			return "", err
+		}
+		if url, err = p.Announced(ctx, console.Announcement, 30*time.Second); err == nil {
+			break
+		}
+		// The address was taken: this one has exited, try a free port.
+		p.Stop(syscall.SIGTERM, 5*time.Second)
+		d.procs = slices.DeleteFunc(d.procs, func(q *proc.Process) bool { return q == p })
+	}
+	if url == "" {
+		return "", fmt.Errorf("the console did not start (see %s)", filepath.Join(d.logDir, "console.log"))
+	}
+	fmt.Fprintf(d.out, "console:  %s  (log in as demo, password %s)\n", url, password)
+	return url, nil
 }
 
 // enqueue writes n messages the way an application would: inside its own

@@ -41,14 +41,14 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 	defer cancel()
 	env := map[string]string{"DATABASE_URL": url}
 	var out, errOut bytes.Buffer
-	args := []string{"demo", "-bin", bin, "-n", "300", "-fail-rate", "0.1", "-withhold-rate", "0.05", "-sms-api-timeout", "300ms"}
+	args := []string{"demo", "-bin", bin, "-n", "300", "-fail-rate", "0.1", "-withhold-rate", "0.05", "-sms-api-timeout", "300ms", "-console-addr", "127.0.0.1:0"}
 	code := run(ctx, args, testkit.EnvMap(env), &out, &errOut)
 	t.Log(out.String())
 	if code != 0 {
 		t.Fatalf("demo exit %d: %s", code, errOut.String())
 	}
 	s := out.String()
-	for _, want := range []string{"summary:  300 messages: sent 300", "per key: all 1 (duplicates 0)", "commit-to-sent p50"} {
+	for _, want := range []string{"console:  http://127.0.0.1:", "(log in as demo, password ", "summary:  300 messages: sent 300", "per key: all 1 (duplicates 0)", "commit-to-sent p50"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("summary lacks %q", want)
 		}

@@ -5,6 +5,7 @@
 //	relay migrate [-down N]       apply (or revert N) migrations, then exit
 //	relay dlq list|replay ...     list or replay dead letters
 //	relay trace ID                a row, its attempts and its dead letters
+//	relay console                 serve the operator console on CONSOLE_ADDR
 //
 // Every flag has an environment variable; "relay -h" lists the settings and
 // the commands.
@@ -42,6 +43,7 @@ func commands() []command {
 		{"migrate", "[-down N [-force]]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
 		{"dlq", "list|replay [flags]", "list dead letters, or put dead and unknown rows back to pending", opsCommand("dlq")},
 		{"trace", "ID", "show a row (number masked), its attempts and its dead letters", opsCommand("trace")},
+		{"console", "[user NAME ROLE]", "serve the operator console on CONSOLE_ADDR (or print a users-file line)", runConsole},
 	}
 }
 

@@ -184,6 +184,7 @@ func TestRunRelaysAndShutsDownCleanly(t *testing.T) {
 func TestSettingsDoc(t *testing.T) {
 	testkit.SettingsDoc(t, "relay", bind)
 	testkit.SettingsDoc(t, "relay migrate", bindMigrate)
+	testkit.SettingsDoc(t, "relay console", bindConsole)
 }
 
 // A row must outlive every message that can name it: the work stream keeps

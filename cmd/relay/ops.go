@@ -190,10 +190,7 @@ func dlqReplay(ctx context.Context, c opsConfig, out io.Writer) error {
 		// of another reason, replays nothing.
 		for _, l := range letters {
 			if l.OutboxID != uuid.Nil {
-				targets = append(targets, outbox.ReplayTarget{
-					ID: l.OutboxID, FromLetter: true, Gen: l.Gen, Reason: l.Reason,
-					SafeUnknown: l.Idempotency == deadletter.ProviderIdempotent,
-				})
+				targets = append(targets, l.ReplayTarget())
 			}
 		}
 	default:

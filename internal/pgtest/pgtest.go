@@ -186,3 +186,20 @@ func LoadRows(tb testing.TB, pool *pgxpool.Pool, n int, status string) []uuid.UU
 	}
 	return ids
 }
+
+// AsRole returns the URL dsn with every connection acting as role (a
+// least-privilege role of the migrations), as a login role that is a member
+// of it would.
+func AsRole(tb testing.TB, dsn, role string) string {
+	tb.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		tb.Fatalf("pgtest: %s is not a URL", redactURL(dsn))
+	}
+	// Spaces as %20: the driver does not read "+" as a space here.
+	if u.RawQuery != "" {
+		u.RawQuery += "&"
+	}
+	u.RawQuery += "options=-c%20role%3D" + role
+	return u.String()
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sendonce/sendonce/internal/console"
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/migrate"
+	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/service"
+)
+
+// consoleConfig is what relay console needs: the connections, where to
+// listen, who may log in.
+type consoleConfig struct {
+	service.Settings
+	addr         string
+	usersFile    string
+	users        []console.User
+	tlsCert      string
+	tlsKey       string
+	secureCookie bool
+	sessionTTL   time.Duration
+	refresh      time.Duration
+}
+
+func bindConsole(s *envflag.Set, c *consoleConfig) {
+	s.Intro(`relay console serves the operator console (overview, dead letters and replay, a message's timeline) on CONSOLE_ADDR until SIGINT or SIGTERM.
+"relay console user NAME ROLE" reads a password on stdin and prints the users-file line for it.`)
+	service.BindConnections(s, &c.Settings)
+	s.String(&c.addr, "console-addr", "CONSOLE_ADDR", "", "address the console listens on, such as 127.0.0.1:8089")
+	s.Required(&c.addr, "console-addr")
+	s.String(&c.usersFile, "console-users-file", "CONSOLE_USERS_FILE", "", "file of the users who may log in: one a line, name:bcrypt-hash:role (viewer or operator), # comments")
+	s.Required(&c.usersFile, "console-users-file")
+	s.Check(func() error {
+		if c.usersFile == "" {
+			return nil
+		}
+		users, err := console.LoadUsers(c.usersFile)
+		if err != nil {
+			return fmt.Errorf("CONSOLE_USERS_FILE: %w", err)
+		}
+		c.users = users
+		return nil
+	})
+	s.String(&c.tlsCert, "console-tls-cert", "CONSOLE_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with CONSOLE_TLS_KEY")
+	s.String(&c.tlsKey, "console-tls-key", "CONSOLE_TLS_KEY", "", "private key file (PEM) of CONSOLE_TLS_CERT")
+	s.Check(func() error {
+		if (c.tlsCert == "") != (c.tlsKey == "") {
+			return errors.New("CONSOLE_TLS_CERT and CONSOLE_TLS_KEY go together")
+		}
+		return nil
+	})
+	s.Bool(&c.secureCookie, "console-secure-cookie", "CONSOLE_SECURE_COOKIE", false, "mark the session cookie Secure, for a console behind an HTTPS proxy (automatic with CONSOLE_TLS_CERT)")
+	s.Duration(&c.sessionTTL, "console-session-ttl", "CONSOLE_SESSION_TTL", console.DefaultSessionTTL, time.Minute, 30*24*time.Hour, "how long a login lasts")
+	s.Duration(&c.refresh, "console-refresh", "CONSOLE_REFRESH", console.DefaultRefresh, time.Second, time.Hour, "how often the overview refreshes itself")
+	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on the database and NATS work of one page")
+	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
+	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
+}
+
+// runConsole is "relay console".
+func runConsole(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "user" {
+		return consoleUser(args[1:], os.Stdin, stdout, stderr)
+	}
+	var c consoleConfig
+	s := envflag.New("relay console", getenv, stderr)
+	bindConsole(s, &c)
+	root, code := service.Parse("relay console", s, args, &c.Settings, stderr)
+	if root == nil {
+		return code
+	}
+	log := root.With("component", "console")
+	if err := serveConsole(ctx, c, root, log, stdout); err != nil {
+		log.Error("console failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, stdout io.Writer) error {
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	poolCfg, err := outbox.PoolConfig(c.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(startCtx); err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	// As every long-running command: refuse a schema older than this
+	// release's migrations (the console reads what 0011 added).
+	found, need, err := migrate.CheckEmbedded(startCtx, pool)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	log.Info("schema version", "found", found, "need", need)
+	nc, js, err := natsconn.Connect(service.NATSConfig(c.NATS, service.Options{Name: "sendonce-console"}, log))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	con, err := console.New(console.Config{
+		Pool: pool, JetStream: js, Users: c.users, Logger: root, DBTimeout: c.DBTimeout,
+		SessionTTL: c.sessionTTL, Refresh: c.refresh, SecureCookie: c.secureCookie || c.tlsCert != "",
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return fmt.Errorf("CONSOLE_ADDR: %w", err)
+	}
+	scheme := "http"
+	if c.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("CONSOLE_TLS_CERT/CONSOLE_TLS_KEY: %w", err)
+		}
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		scheme = "https"
+	}
+	log.Info("console started", "addr", ln.Addr().String(), "users", len(c.users), "tls", c.tlsCert != "")
+	if _, err := fmt.Fprintf(stdout, "%s%s://%s\n", console.Announcement, scheme, ln.Addr()); err != nil {
+		ln.Close()
+		return err
+	}
+	if err := con.Serve(ctx, ln); err != nil {
+		return err
+	}
+	log.Info("console stopped")
+	return nil
+}
+
+// consoleUser is "relay console user NAME ROLE": it reads the password
+// from the first line of stdin and prints the users-file line.
+func consoleUser(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) != 2 {
+		fmt.Fprintln(stderr, "usage: relay console user NAME ROLE   (ROLE: viewer or operator; the password is read from stdin)")
+		return 2
+	}
+	line, err := bufio.NewReader(stdin).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		fmt.Fprintf(stderr, "relay console user: read the password: %v\n", err)
+		return 1
+	}
+	out, err := console.UserLine(args[0], console.Role(args[1]), strings.TrimRight(line, "\r\n"))
+	if err != nil {
+		fmt.Fprintf(stderr, "relay console user: %v\n", err)
+		return 2
+	}
+	fmt.Fprintln(stdout, out)
+	return 0
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/console"
+	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testkit"
+)
+
+// A bad users file, or a missing setting, stops relay console naming the
+// setting, and never quotes the file's hashes.
+func TestConsoleBadConfigurationNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := "alice:$2a$10$eaQ77/8BQBtcM3wPpc58TuzLtllisS5wkNyjvwWB9daP8sdNHHhZS:operator\n"
+	base := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/x", "CONSOLE_ADDR": "127.0.0.1:0",
+		"CONSOLE_USERS_FILE": write("good", good)}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"no address", map[string]string{"CONSOLE_ADDR": ""}, "CONSOLE_ADDR"},
+		{"no users file", map[string]string{"CONSOLE_USERS_FILE": ""}, "CONSOLE_USERS_FILE"},
+		{"users file missing", map[string]string{"CONSOLE_USERS_FILE": filepath.Join(dir, "none")}, "CONSOLE_USERS_FILE"},
+		{"plain password", map[string]string{"CONSOLE_USERS_FILE": write("plain", "alice:hunter2hunter2:operator\n")}, "CONSOLE_USERS_FILE: line 1 (user alice): not a bcrypt hash"},
+		{"bad role", map[string]string{"CONSOLE_USERS_FILE": write("role", strings.Replace(good, "operator", "root", 1))}, "CONSOLE_USERS_FILE: line 1"},
+		{"cert without key", map[string]string{"CONSOLE_TLS_CERT": "/x.pem"}, "CONSOLE_TLS_KEY"},
+		{"session ttl", map[string]string{"CONSOLE_SESSION_TTL": "1s"}, "CONSOLE_SESSION_TTL"},
+		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{}
+			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			var out, errOut testkit.Buffer
+			code := run(context.Background(), []string{"relay", "console"}, testkit.EnvMap(env), &out, &errOut)
+			if code != 2 || !strings.Contains(errOut.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s", code, errOut.String(), tt.want)
+			}
+			if strings.Contains(errOut.String(), "$2a$") || strings.Contains(errOut.String(), "hunter2") {
+				t.Fatalf("stderr quotes the users file: %q", errOut.String())
+			}
+		})
+	}
+}
+
+func TestConsoleUserPrintsALineThatLogsIn(t *testing.T) {
+	t.Parallel()
+	var out, errOut testkit.Buffer
+	if code := consoleUser([]string{"alice", "viewer"}, strings.NewReader("a long password\n"), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	users, err := console.ParseUsers(strings.NewReader(out.String()))
+	if err != nil || len(users) != 1 || users[0].Name != "alice" || users[0].Role != console.RoleViewer {
+		t.Fatalf("line %q: %v", out.String(), err)
+	}
+	if code := consoleUser([]string{"alice"}, strings.NewReader("x\n"), &out, &errOut); code != 2 {
+		t.Fatalf("one argument: exit %d", code)
+	}
+	if code := consoleUser([]string{"alice", "viewer"}, strings.NewReader("short\n"), &out, &errOut); code != 2 {
+		t.Fatalf("short password: exit %d", code)
+	}
+}
+
+// relay console announces its address, serves the login page, and stops
+// cleanly on its context.
+func TestConsoleServesUntilStopped(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	ns := natstest.Start(t)
+	users := filepath.Join(t.TempDir(), "users")
+	if err := os.WriteFile(users, []byte("# ops\nalice:$2a$10$eaQ77/8BQBtcM3wPpc58TuzLtllisS5wkNyjvwWB9daP8sdNHHhZS:operator\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": ns.URL(), "CONSOLE_ADDR": "127.0.0.1:0", "CONSOLE_USERS_FILE": users}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut testkit.Buffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"relay", "console"}, testkit.EnvMap(env), &out, &errOut) }()
+	var base string
+	testkit.WaitFor(t, 30*time.Second, "the console's announcement", func() bool {
+		base, _ = strings.CutPrefix(strings.TrimSpace(out.String()), console.Announcement)
+		return base != "" && base != strings.TrimSpace(out.String())
+	})
+	res, err := http.Get(base + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /login: %s", res.Status)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay console did not stop")
+	}
+}

@@ -1,0 +1,185 @@
+package console
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+)
+
+func TestParseUsers(t *testing.T) {
+	t.Parallel()
+	good, err := bcrypt.GenerateFromPassword([]byte("correct horse battery"), MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weak, err := bcrypt.GenerateFromPassword([]byte("correct horse battery"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := string(good)
+	tests := []struct {
+		name, file string
+		users      int
+		wantErr    string
+	}{
+		{"two users, comments, blank lines", "# console users\n\nalice:" + h + ":operator\n  bob:" + h + ":viewer  \n", 2, ""},
+		{"empty", "# nobody\n", 0, "no users"},
+		{"two fields", "alice:" + h + "\n", 0, "line 1: want name:bcrypt-hash:role"},
+		{"bad name", "al ice:" + h + ":viewer\n", 0, "line 1: a user name"},
+		{"twice", "alice:" + h + ":viewer\nalice:" + h + ":operator\n", 0, "line 2: user alice appears twice"},
+		{"not bcrypt", "alice:plain-password:viewer\n", 0, "line 1 (user alice): not a bcrypt hash"},
+		{"cheap hash", "alice:" + string(weak) + ":viewer\n", 0, "bcrypt cost 4 is below 10"},
+		{"bad role", "#\nalice:" + h + ":admin\n", 0, `line 2 (user alice): role "admin"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			users, err := ParseUsers(strings.NewReader(tt.file))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want %q", err, tt.wantErr)
+				}
+				if strings.Contains(err.Error(), "$2a$") || strings.Contains(err.Error(), "plain-password") {
+					t.Fatalf("the error quotes a secret: %v", err)
+				}
+				return
+			}
+			if err != nil || len(users) != tt.users {
+				t.Fatalf("%d users, %v; want %d", len(users), err, tt.users)
+			}
+		})
+	}
+}
+
+func TestUserLine(t *testing.T) {
+	t.Parallel()
+	line, err := UserLine("alice", RoleOperator, "correct horse battery")
+	if err != nil {
+		t.Fatal(err)
+	}
+	users, err := ParseUsers(strings.NewReader(line))
+	if err != nil || len(users) != 1 {
+		t.Fatalf("the line does not parse back: %v", err)
+	}
+	if _, ok := authenticate(map[string]User{"alice": users[0]}, "alice", "correct horse battery"); !ok {
+		t.Fatal("the password does not match its line")
+	}
+	for _, bad := range []struct {
+		name string
+		role Role
+		pw   string
+	}{{"alice", "admin", "correct horse battery"}, {"a b", RoleViewer, "correct horse battery"}, {"alice", RoleViewer, "short"}} {
+		if _, err := UserLine(bad.name, bad.role, bad.pw); err == nil {
+			t.Errorf("UserLine(%q, %q, ...) accepted", bad.name, bad.role)
+		}
+	}
+}
+
+// After loginFree failures a key waits, twice as long after each further
+// failure, up to the cap; clearing it lets it in at once.
+func TestLimiter(t *testing.T) {
+	t.Parallel()
+	l := newLimiter()
+	now := time.Unix(1_000_000, 0)
+	for i := range loginFree - 1 {
+		l.fail("k", now)
+		if w := l.wait("k", now); w != 0 {
+			t.Fatalf("after %d failures: wait %s", i+1, w)
+		}
+	}
+	l.fail("k", now)
+	if w := l.wait("k", now); w != loginFirstGap {
+		t.Fatalf("after %d failures: wait %s, want %s", loginFree, w, loginFirstGap)
+	}
+	l.fail("k", now)
+	if w := l.wait("k", now); w != 2*loginFirstGap {
+		t.Fatalf("one more: wait %s, want %s", w, 2*loginFirstGap)
+	}
+	for range 40 {
+		l.fail("k", now)
+	}
+	if w := l.wait("k", now); w != loginMaxGap {
+		t.Fatalf("many: wait %s, want the cap %s", w, loginMaxGap)
+	}
+	if w := l.wait("k", now.Add(loginMaxGap)); w != 0 {
+		t.Fatalf("after the gap: wait %s", w)
+	}
+	if w := l.wait("other", now); w != 0 {
+		t.Fatalf("another key waits %s", w)
+	}
+	l.clear("k")
+	if w := l.wait("k", now); w != 0 {
+		t.Fatalf("after clear: wait %s", w)
+	}
+}
+
+func TestFormat(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		d    time.Duration
+		want string
+	}{{-time.Second, "0s"}, {850 * time.Millisecond, "850ms"}, {42 * time.Second, "42s"}, {192 * time.Second, "3m12s"},
+		{5*time.Hour + 3*time.Minute, "5h03m"}, {52 * time.Hour, "2d04h"}} {
+		if got := formatAge(tt.d); got != tt.want {
+			t.Errorf("formatAge(%s) = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+	for _, tt := range []struct {
+		n    int64
+		want string
+	}{{0, "0"}, {999, "999"}, {1000, "1,000"}, {1234567, "1,234,567"}, {-45000, "-45,000"}} {
+		if got := formatNum(tt.n); got != tt.want {
+			t.Errorf("formatNum(%d) = %q, want %q", tt.n, got, tt.want)
+		}
+	}
+}
+
+func TestParseSince(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		in   string
+		want time.Time
+		ok   bool
+	}{
+		{"all", time.Time{}, true},
+		{"24h", now.Add(-24 * time.Hour), true},
+		{"7d", now.AddDate(0, 0, -7), true},
+		{"2026-04-30T00:00:00Z", time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC), true},
+		{"0d", time.Time{}, false},
+		{"-1h", time.Time{}, false},
+		{"yesterday", time.Time{}, false},
+	} {
+		got, err := parseSince(tt.in, now)
+		if (err == nil) != tt.ok || !got.Equal(tt.want) {
+			t.Errorf("parseSince(%q) = %s, %v", tt.in, got, err)
+		}
+	}
+}
+
+func TestChart(t *testing.T) {
+	t.Parallel()
+	since := time.Date(2026, 5, 1, 11, 0, 0, 0, time.UTC)
+	c := newChart(since, []outbox.MinuteAttempts{
+		{Minute: since, Sent: 10, Retry: 5, Failed: 5},
+		{Minute: since.Add(59 * time.Minute), Sent: 5},
+		{Minute: since.Add(61 * time.Minute), Sent: 1}, // clock skew: into the last bar
+	})
+	if len(c.Bars) != chartMinutes || c.Max != 20 || c.Sent != 16 || c.Retry != 5 || c.Failed != 5 {
+		t.Fatalf("chart %d bars, max %d, sent %d retry %d failed %d", len(c.Bars), c.Max, c.Sent, c.Retry, c.Failed)
+	}
+	first := c.Bars[0]
+	if len(first.Segs) != 3 || first.Segs[0].H != chartPlotH/2 || first.Segs[0].Y != chartPlotH/2 || first.Segs[2].Y != 0 {
+		t.Errorf("first bar %+v", first.Segs)
+	}
+	if last := c.Bars[chartMinutes-1]; last.Counts.Sent != 6 || last.X != (chartMinutes-1)*chartBarW {
+		t.Errorf("last bar %+v", last)
+	}
+	if len(c.Bars[1].Segs) != 0 {
+		t.Errorf("an empty minute has segments: %+v", c.Bars[1].Segs)
+	}
+}

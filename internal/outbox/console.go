@@ -1,0 +1,485 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The statements of the operator console (relay console). They run as the
+// role sendonce_console, which reads every column but the number and the
+// body, and they stay cheap on a table of millions of rows: each reads a
+// partial index whose predicate it repeats word for word, or a bounded
+// range of one, or the planner's statistics; none counts the whole table.
+
+// ConsoleStatuses are the statuses the console shows, in pipeline order.
+var ConsoleStatuses = []State{StatusPending, StatusQueued, StatusSending, StatusSent,
+	StatusDelivered, StatusUndelivered, StatusDead, StatusUnknown}
+
+// StatusCount is the number of rows in one status.
+type StatusCount struct {
+	Status State
+	Rows   int64
+	// Estimated is set when Rows comes from the planner's statistics
+	// rather than a count.
+	Estimated bool
+}
+
+// backlogBound bounds the count of one unfinished status on a large table.
+const backlogBound = 1_000_000
+
+// CountStatuses returns the rows in each of ConsoleStatuses. On a table the
+// statistics put under exactBelow rows it counts them all (one pass over a
+// small table). Above, it counts the statuses a partial index serves
+// (pending, queued, sending, dead, unknown; a backlog beyond a million rows
+// is estimated) and estimates the others (sent and later: the bulk of the
+// table) from the live-row estimate less those counts, split by the
+// statistics' frequencies.
+func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCount, error) {
+	var live int64
+	var freqs map[string]float64
+	var vals []string
+	var fs []float32
+	err := q.QueryRow(ctx, `SELECT
+			greatest(coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'sms_outbox'::regclass), 0),
+			         (SELECT reltuples FROM pg_class WHERE oid = 'sms_outbox'::regclass)::bigint),
+			(SELECT most_common_vals::text::text[] FROM pg_stats
+			  WHERE schemaname = current_schema() AND tablename = 'sms_outbox' AND attname = 'status'),
+			(SELECT most_common_freqs FROM pg_stats
+			  WHERE schemaname = current_schema() AND tablename = 'sms_outbox' AND attname = 'status')`).
+		Scan(&live, &vals, &fs)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: table statistics: %w", err)
+	}
+	counts := map[State]int64{}
+	estimated := map[State]bool{}
+	if live < exactBelow {
+		rows, _ := q.Query(ctx, `SELECT status, count(*) FROM sms_outbox GROUP BY status`)
+		var s string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&s, &n}, func() error { counts[State(s)] = n; return nil }); err != nil {
+			return nil, fmt.Errorf("outbox: count rows: %w", err)
+		}
+	} else {
+		// The unfinished statuses are counted from their partial indexes up
+		// to a bound (a backlog beyond it is estimated, as the relay's
+		// gauges do); dead and unknown from theirs (migration 0011).
+		for _, st := range []State{StatusPending, StatusQueued, StatusSending} {
+			n, err := CountUpTo(ctx, q, st, backlogBound)
+			if err != nil {
+				return nil, err
+			}
+			if n >= backlogBound {
+				if n, err = EstimateRows(ctx, q, st); err != nil {
+					return nil, err
+				}
+				estimated[st] = true
+			}
+			counts[st] = n
+		}
+		var dead, unknown int64
+		err := q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE status = 'unknown')
+			FROM sms_outbox WHERE status IN ('dead', 'unknown')`).Scan(&dead, &unknown)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: count rows: %w", err)
+		}
+		pending, queued, sending := counts[StatusPending], counts[StatusQueued], counts[StatusSending]
+		counts[StatusDead], counts[StatusUnknown] = dead, unknown
+		freqs = map[string]float64{}
+		for i, v := range vals {
+			if i < len(fs) {
+				freqs[v] = float64(fs[i])
+			}
+		}
+		rest := live - pending - queued - sending - dead - unknown
+		var bulk []State
+		var total float64
+		for _, s := range ConsoleStatuses {
+			if _, counted := counts[s]; !counted {
+				bulk = append(bulk, s)
+				total += freqs[string(s)]
+			}
+		}
+		for _, s := range bulk {
+			share := freqs[string(s)] / total
+			if total == 0 && s == StatusSent {
+				share = 1
+			} else if total == 0 {
+				share = 0
+			}
+			counts[s] = max(0, int64(float64(rest)*share+0.5))
+			estimated[s] = true
+		}
+	}
+	out := make([]StatusCount, 0, len(ConsoleStatuses))
+	for _, s := range ConsoleStatuses {
+		out = append(out, StatusCount{Status: s, Rows: counts[s], Estimated: estimated[s]})
+	}
+	return out, nil
+}
+
+// WindowCount is the number of rows in a status whose last change (their
+// creation, for pending rows) lies in a time window.
+type WindowCount struct {
+	Status State
+	Rows   int64
+	// Capped is set when the count stopped at its bound: Rows is a lower
+	// bound.
+	Capped bool
+}
+
+// CountChanged returns, for each of ConsoleStatuses, the rows now in it
+// whose last change came at or after since. Each count reads a range of a
+// partial index (index-only where it can) and stops at limit rows.
+func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([]WindowCount, error) {
+	// The finished index holds no status: sent is the finished rows less
+	// the dead and unknown ones, which their own index counts.
+	var pending, queued, sending, finished, dead, unknown int64
+	err := q.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' AND created_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'queued') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'sending') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('sent', 'dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'dead') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
+		(SELECT count(*) FILTER (WHERE status = 'unknown') FROM
+			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g)`,
+		since, limit).Scan(&pending, &queued, &sending, &finished, &dead, &unknown)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: count recent rows: %w", err)
+	}
+	lim := int64(limit)
+	got := map[State]WindowCount{
+		StatusPending: {Rows: pending, Capped: pending >= lim},
+		StatusQueued:  {Rows: queued, Capped: queued+sending >= lim},
+		StatusSending: {Rows: sending, Capped: queued+sending >= lim},
+		StatusSent:    {Rows: max(0, finished-dead-unknown), Capped: finished >= lim},
+		StatusDead:    {Rows: dead, Capped: dead+unknown >= lim},
+		StatusUnknown: {Rows: unknown, Capped: dead+unknown >= lim},
+	}
+	out := make([]WindowCount, 0, len(ConsoleStatuses))
+	for _, s := range ConsoleStatuses {
+		w := got[s]
+		w.Status = s
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// MinuteAttempts counts the attempts that started in one minute, by
+// outcome class.
+type MinuteAttempts struct {
+	// Minute is the start of the minute.
+	Minute time.Time
+	// Sent, Retry and Failed count attempts whose outcome was sent, retry
+	// or rate_limited (the row is tried again), or one that ended the row
+	// (permanent, ambiguous, max_attempts).
+	Sent, Retry, Failed int64
+}
+
+// AttemptsPerMinute returns the attempts started from since on, per minute
+// (minutes without attempts left out), from the index on started_at. Each
+// minute starts at since plus whole minutes; Postgres keeps microseconds,
+// so give a since without a finer part.
+func AttemptsPerMinute(ctx context.Context, q Querier, since time.Time) ([]MinuteAttempts, error) {
+	rows, _ := q.Query(ctx, `SELECT date_bin('1 minute', started_at, $1) AS m,
+			count(*) FILTER (WHERE outcome = 'sent'),
+			count(*) FILTER (WHERE outcome IN ('retry', 'rate_limited')),
+			count(*) FILTER (WHERE outcome NOT IN ('sent', 'retry', 'rate_limited'))
+		FROM sms_attempts WHERE started_at >= $1 GROUP BY m ORDER BY m`, since)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MinuteAttempts, error) {
+		var m MinuteAttempts
+		err := r.Scan(&m.Minute, &m.Sent, &m.Retry, &m.Failed)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: attempts per minute: %w", err)
+	}
+	return out, nil
+}
+
+// DeadByReason counts the rows that became dead or unknown at or after
+// since, by dead-letter reason.
+func DeadByReason(ctx context.Context, q Querier, since time.Time) (map[string]int64, error) {
+	rows, _ := q.Query(ctx, `SELECT coalesce(end_reason, ''), count(*) FROM sms_outbox
+		WHERE status IN ('dead', 'unknown') AND updated_at >= $1 GROUP BY 1`, since)
+	out := map[string]int64{}
+	var reason string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&reason, &n}, func() error { out[reason] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("outbox: dead rows by reason: %w", err)
+	}
+	return out, nil
+}
+
+// DeadFilter selects dead and unknown rows for the console.
+type DeadFilter struct {
+	// Reason, when set, keeps rows with this dead-letter reason.
+	Reason string
+	// Since and Until, when set, bound the time the row ended.
+	Since, Until time.Time
+	// ProviderCode, when set, keeps rows whose last attempt got this
+	// provider error code.
+	ProviderCode *int
+}
+
+func (f DeadFilter) where() (string, []any) {
+	conds := []string{`o.status IN ('dead', 'unknown')`}
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		conds = append(conds, fmt.Sprintf(cond, len(args)))
+	}
+	if f.Reason != "" {
+		add(`o.end_reason = $%d`, f.Reason)
+	}
+	if !f.Since.IsZero() {
+		add(`o.updated_at >= $%d`, f.Since)
+	}
+	if !f.Until.IsZero() {
+		add(`o.updated_at < $%d`, f.Until)
+	}
+	if f.ProviderCode != nil {
+		add(`coalesce(a.provider_code, 0) = $%d`, *f.ProviderCode)
+	}
+	return strings.Join(conds, " AND "), args
+}
+
+// lastAttempt joins each row o with its last attempt a.
+const lastAttempt = `LEFT JOIN LATERAL (SELECT provider_code, http_status FROM sms_attempts
+		WHERE outbox_id = o.id ORDER BY id DESC LIMIT 1) a ON true`
+
+// DeadRow is a dead or unknown row as the console lists it.
+type DeadRow struct {
+	ID       uuid.UUID
+	Status   State
+	Reason   string
+	Gen      int32
+	Attempts int
+	// LetterSeq is the SMS_DLQ sequence of the row's dead letter: nil while
+	// it is not stored, 0 for a row finished before letters were tracked.
+	LetterSeq    *int64
+	LastError    string
+	ProviderCode int
+	HTTPStatus   int
+	EndedAt      time.Time
+}
+
+// DeadRows returns the newest limit rows matching f, newest first.
+func DeadRows(ctx context.Context, q Querier, f DeadFilter, limit int) ([]DeadRow, error) {
+	where, args := f.where()
+	args = append(args, limit)
+	rows, _ := q.Query(ctx, `SELECT o.id, o.status, coalesce(o.end_reason, ''), o.publish_gen, o.attempt_count, o.letter_seq,
+			coalesce(o.last_error, ''), coalesce(a.provider_code, 0), coalesce(a.http_status, 0), o.updated_at
+		FROM sms_outbox o `+lastAttempt+`
+		WHERE `+where+fmt.Sprintf(` ORDER BY o.updated_at DESC LIMIT $%d`, len(args)), args...)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadRow, error) {
+		var d DeadRow
+		err := r.Scan(&d.ID, &d.Status, &d.Reason, &d.Gen, &d.Attempts, &d.LetterSeq, &d.LastError, &d.ProviderCode, &d.HTTPStatus, &d.EndedAt)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: dead rows: %w", err)
+	}
+	return out, nil
+}
+
+// DeadSummary counts the rows matching a DeadFilter.
+type DeadSummary struct {
+	// Rows is the number of matching rows, at most the bound.
+	Rows int64
+	// Capped is set when the count stopped at its bound.
+	Capped bool
+	// ByCode and ByReason count them by their last attempt's provider code
+	// (0: none) and by reason.
+	ByCode   map[int]int64
+	ByReason map[string]int64
+}
+
+// SummarizeDead counts the newest limit rows matching f by provider code
+// and by reason.
+func SummarizeDead(ctx context.Context, q Querier, f DeadFilter, limit int) (DeadSummary, error) {
+	where, args := f.where()
+	args = append(args, limit)
+	rows, _ := q.Query(ctx, `SELECT code, reason, count(*) FROM (
+			SELECT coalesce(a.provider_code, 0) AS code, coalesce(o.end_reason, '') AS reason
+			FROM sms_outbox o `+lastAttempt+`
+			WHERE `+where+fmt.Sprintf(` ORDER BY o.updated_at DESC LIMIT $%d`, len(args))+`) m
+		GROUP BY code, reason`, args...)
+	s := DeadSummary{ByCode: map[int]int64{}, ByReason: map[string]int64{}}
+	var code int
+	var reason string
+	var n int64
+	_, err := pgx.ForEachRow(rows, []any{&code, &reason, &n}, func() error {
+		s.ByCode[code] += n
+		s.ByReason[reason] += n
+		s.Rows += n
+		return nil
+	})
+	if err != nil {
+		return DeadSummary{}, fmt.Errorf("outbox: summarize dead rows: %w", err)
+	}
+	s.Capped = s.Rows >= int64(limit)
+	return s, nil
+}
+
+// LetterSeqs returns the SMS_DLQ sequences of the current dead letters of
+// those of ids that are dead or unknown and whose letter is stored and
+// tracked (a row finished before letters were tracked has none here).
+func LetterSeqs(ctx context.Context, q Querier, ids []uuid.UUID) (map[uuid.UUID]uint64, error) {
+	rows, _ := q.Query(ctx, `SELECT id, letter_seq FROM sms_outbox
+		WHERE id = ANY($1) AND status IN ('dead', 'unknown') AND letter_seq > 0`, uuidArray(ids))
+	out := map[uuid.UUID]uint64{}
+	var id uuid.UUID
+	var seq int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error { out[id] = uint64(seq); return nil }); err != nil {
+		return nil, fmt.Errorf("outbox: letter sequences: %w", err)
+	}
+	return out, nil
+}
+
+// MaskedMessage is a row as the console shows it.
+type MaskedMessage struct {
+	Row
+	// Priority is 1 (urgent), 2 (normal) or 3 (bulk).
+	Priority int16
+}
+
+// MaskedRow reads one row for the console: what GetRow reads, with the
+// number masked and the body's length taken from the view
+// sms_outbox_masked, so that the console's role needs no right on either.
+func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (MaskedMessage, error) {
+	var m MaskedMessage
+	r := &m.Row
+	var ref, lastErr, reason *string
+	var leaseUntil *time.Time
+	err := q.QueryRow(ctx, `SELECT o.id, o.status, m.to_masked, m.body_chars, o.attempt_count, o.max_attempts, o.publish_gen,
+			o.stream_seq, o.provider_ref, o.last_error, o.created_at, o.updated_at, o.next_attempt_at, o.maybe_accepted,
+			o.lease_until, o.end_reason, o.letter_seq, o.priority
+		FROM sms_outbox o JOIN sms_outbox_masked m ON m.id = o.id WHERE o.id = $1`, id).
+		Scan(&r.ID, &r.Status, &r.ToMasked, &r.BodyChars, &r.Attempts, &r.MaxAttempts, &r.Gen,
+			&r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted,
+			&leaseUntil, &reason, &r.LetterSeq, &m.Priority)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return MaskedMessage{}, ErrNotFound
+	}
+	if err != nil {
+		return MaskedMessage{}, fmt.Errorf("outbox: read row: %w", err)
+	}
+	for p, v := range map[*string]*string{&r.ProviderRef: ref, &r.LastError: lastErr, &r.EndReason: reason} {
+		if v != nil {
+			*p = *v
+		}
+	}
+	if leaseUntil != nil {
+		r.LeaseUntil = *leaseUntil
+	}
+	return m, nil
+}
+
+// FindByProviderRef returns the rows whose provider_ref is ref (at most a
+// few: a provider's message id names one message). No index serves it: it
+// reads the table, so it is for a search an operator asks for, not a page
+// that refreshes.
+func FindByProviderRef(ctx context.Context, q Querier, ref string) ([]uuid.UUID, error) {
+	rows, _ := q.Query(ctx, `SELECT id FROM sms_outbox WHERE provider_ref = $1 LIMIT 10`, ref)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: find by provider ref: %w", err)
+	}
+	return ids, nil
+}
+
+// ConsoleReplay is one replay an operator made from the console.
+type ConsoleReplay struct {
+	ID         int64
+	At         time.Time
+	User, Role string
+	// Requested are the rows asked for; Replayed those put back to pending.
+	Requested, Replayed []uuid.UUID
+	Refused             int
+	// Remote is the client's address.
+	Remote string
+}
+
+// RecordReplay appends r to the console's audit table (inside the replay's
+// transaction, so the record and the change commit together) and returns
+// its id and time.
+func RecordReplay(ctx context.Context, tx pgx.Tx, r ConsoleReplay) (int64, time.Time, error) {
+	var id int64
+	var at time.Time
+	err := tx.QueryRow(ctx, `INSERT INTO sendonce_console_audit (username, role, action, requested, replayed, refused, remote)
+		VALUES ($1, $2, 'replay', $3, $4, $5, $6) RETURNING id, at`,
+		r.User, r.Role, uuidArray(r.Requested), uuidArray(r.Replayed), r.Refused, r.Remote).Scan(&id, &at)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("outbox: record replay: %w", err)
+	}
+	return id, at, nil
+}
+
+// ConsoleReplays returns the newest limit console replays, newest first;
+// with row set, only those that replayed it.
+func ConsoleReplays(ctx context.Context, q Querier, row uuid.UUID, limit int) ([]ConsoleReplay, error) {
+	cond := ""
+	args := []any{limit}
+	if row != uuid.Nil {
+		cond = `WHERE replayed @> ARRAY[$2::uuid]`
+		args = append(args, row)
+	}
+	rows, _ := q.Query(ctx, `SELECT id, at, username, role, requested, replayed, refused, coalesce(remote, '')
+		FROM sendonce_console_audit `+cond+` ORDER BY id DESC LIMIT $1`, args...)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsoleReplay, error) {
+		var c ConsoleReplay
+		err := r.Scan(&c.ID, &c.At, &c.User, &c.Role, &c.Requested, &c.Replayed, &c.Refused, &c.Remote)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: console replays: %w", err)
+	}
+	return out, nil
+}
+
+// OldestRow is the oldest row of a kind, if any.
+type OldestRow struct {
+	Found  bool
+	ID     uuid.UUID
+	Status State
+	// Since is when the row was created (pending) or last changed (in
+	// flight).
+	Since time.Time
+	// Due is when a queued row's retry was due, or a sending row's lease
+	// ends: past it (and the reconciler's grace) the row counts as stuck.
+	Due time.Time
+}
+
+// OldestRows returns the oldest pending row (its age is the relay's lag)
+// and the in-flight (queued or sending) row changed longest ago, from the
+// partial indexes on unfinished rows.
+func OldestRows(ctx context.Context, q Querier) (pending, inflight OldestRow, err error) {
+	rows, _ := q.Query(ctx, `(SELECT id, status, created_at, next_attempt_at FROM sms_outbox
+			WHERE status = 'pending' ORDER BY created_at LIMIT 1)
+		UNION ALL
+		(SELECT id, status, updated_at, CASE WHEN status = 'sending' THEN coalesce(lease_until, next_attempt_at) ELSE next_attempt_at END
+			FROM sms_outbox WHERE status IN ('queued', 'sending') ORDER BY updated_at LIMIT 1)`)
+	var r OldestRow
+	_, err = pgx.ForEachRow(rows, []any{&r.ID, &r.Status, &r.Since, &r.Due}, func() error {
+		r.Found = true
+		if r.Status == StatusPending {
+			pending = r
+		} else {
+			inflight = r
+		}
+		return nil
+	})
+	if err != nil {
+		return OldestRow{}, OldestRow{}, fmt.Errorf("outbox: oldest rows: %w", err)
+	}
+	return pending, inflight, nil
+}

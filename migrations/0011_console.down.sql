@@ -1,0 +1,6 @@
+-- The role stays: it is cluster-wide and other databases may use it.
+DROP INDEX IF EXISTS sms_attempts_started_idx;
+DROP INDEX IF EXISTS sms_outbox_dead_idx;
+DROP TABLE IF EXISTS sendonce_console_audit;
+DROP VIEW IF EXISTS sms_outbox_masked;
+REVOKE ALL ON sms_outbox, sms_attempts FROM sendonce_console;
