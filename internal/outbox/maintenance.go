@@ -9,7 +9,8 @@ import (
 
 // Purge deletes up to limit finished rows whose last change is older than
 // age, with their attempts, and returns how many it deleted. Only rows that
-// are done with are purged: sent rows, and dead rows whose dead letter is
+// are done with are purged: sent, delivered and undelivered rows, and dead
+// rows whose dead letter is
 // recorded (letter_seq; the reconciler publishes a missing one from the
 // row). An unknown row waits for a person to settle it, however old. Rows
 // another purger holds are skipped, so each call locks at most limit rows
@@ -17,8 +18,8 @@ import (
 func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM sms_outbox WHERE id IN (
 		SELECT id FROM sms_outbox
-		WHERE status IN ('sent', 'dead') AND updated_at < now() - $1::interval
-		  AND (status = 'sent' OR letter_seq IS NOT NULL)
+		WHERE status IN ('sent', 'delivered', 'undelivered', 'dead') AND updated_at < now() - $1::interval
+		  AND (status <> 'dead' OR letter_seq IS NOT NULL)
 		ORDER BY updated_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED)`, age, limit)
@@ -48,11 +49,12 @@ func OldestInFlightAge(ctx context.Context, q Querier) (time.Duration, error) {
 }
 
 // OldestPurgeableAge returns the time since the least recently changed row
-// that retention may purge (sent, dead) changed (0 when none): above the
+// that retention may purge (sent, delivered, undelivered, dead) changed (0
+// when none): above the
 // retention age, retention is falling behind or failing.
 func OldestPurgeableAge(ctx context.Context, q Querier) (time.Duration, error) {
 	return age(ctx, q, "oldest finished row",
-		`SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('sent', 'dead')`)
+		`SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('sent', 'delivered', 'undelivered', 'dead')`)
 }
 
 // OldestTransactionAge returns the age of the oldest open transaction of

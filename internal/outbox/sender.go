@@ -67,6 +67,11 @@ type Claim struct {
 	// stale claim takes over, may have reached the provider: if the budget
 	// runs out, the row ends unknown rather than dead (set when claimed).
 	MaybeAccepted bool
+	// LookupPending is set when the row's last attempt ended without an
+	// answer at a provider without idempotency: a lookup comes before any
+	// other call. Lookups counts the lookups that failed (set when claimed).
+	LookupPending bool
+	Lookups       int
 }
 
 // ClaimForSend claims the rows ids for one provider attempt each under the
@@ -106,11 +111,12 @@ WITH want AS (
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
 	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
 	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at,
-	          o.maybe_accepted, cur.mine
+	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups
 )
 SELECT want.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
-       coalesce(upd.maybe_accepted, false), clock_timestamp()
+       coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
+       clock_timestamp()
 FROM want
 LEFT JOIN cur ON cur.id = want.id
 LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease, token)
@@ -130,7 +136,7 @@ LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease, token)
 			now        time.Time
 		)
 		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
-			&createdAt, &c.MaybeAccepted, &now); err != nil {
+			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now); err != nil {
 			return c, err
 		}
 		switch {
@@ -171,7 +177,8 @@ type Result struct {
 	// ID is the row id.
 	ID uuid.UUID
 	// Status is the row's new status: StatusSent, StatusQueued (a retry),
-	// StatusDead or StatusUnknown.
+	// StatusDead or StatusUnknown; or StatusDelivered or StatusUndelivered
+	// when a lookup found the provider's report.
 	Status State
 	// ProviderRef is the provider's message id (StatusSent).
 	ProviderRef string
@@ -199,6 +206,20 @@ type Result struct {
 	// take the request at all (429, rate limited), so it spent none of the
 	// row's budget.
 	Refund bool
+	// LookupPending marks a retry that must begin with a lookup
+	// (StatusQueued): the attempt ended without an answer at a provider
+	// without idempotency. Any other write clears it.
+	LookupPending bool
+	// LookupFailed counts a lookup that failed against the row's lookup
+	// budget.
+	LookupFailed bool
+	// NotAccepted says a lookup found no message for the reference: no
+	// earlier attempt reached the provider, and the row's maybe_accepted
+	// mark is cleared (before this result's own MaybeAccepted is added).
+	NotAccepted bool
+	// Lookup, when set, is the lookup's answer, recorded as evidence in
+	// the same transaction.
+	Lookup *Evidence
 }
 
 // Written describes a row a status write changed.
@@ -274,6 +295,9 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		}
 		rest = later
 	}
+	if err := insertLookups(ctx, tx, results, again); err != nil {
+		return nil, err
+	}
 	return written, nil
 }
 
@@ -290,10 +314,13 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		tokens   = make([]uuid.UUID, n)
 		maybes   = make([]bool, n)
 		refunds  = make([]bool, n)
+		lookups  = make([]bool, n)
+		failed   = make([]int32, n)
+		notacc   = make([]bool, n)
 	)
 	for i, r := range results {
 		switch r.Status {
-		case StatusSent, StatusQueued, StatusDead, StatusUnknown:
+		case StatusSent, StatusDelivered, StatusUndelivered, StatusQueued, StatusDead, StatusUnknown:
 		default:
 			return fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
 		}
@@ -304,6 +331,10 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 			reasons[i] = &reason
 		}
 		delays[i], parks[i], maybes[i], refunds[i] = r.RetryIn.Seconds(), r.Park, r.MaybeAccepted, r.Refund
+		lookups[i], notacc[i] = r.LookupPending, r.NotAccepted
+		if r.LookupFailed {
+			failed[i] = 1
+		}
 	}
 	// The rows are locked first, in id order, through the primary key (the
 	// batch's ids, not a join with the unnest: a join there made Postgres
@@ -317,27 +348,38 @@ UPDATE sms_outbox o
 SET -- dead is a promise that nothing reached the provider: a row an attempt
     -- may have reached ends unknown, whatever an older sender decided
     -- (the table refuses dead with maybe_accepted).
-    status = CASE WHEN v.status = 'dead' AND (o.maybe_accepted OR v.maybe) THEN 'unknown' ELSE v.status END,
-    provider_ref = CASE WHEN v.status = 'sent' THEN v.ref ELSE o.provider_ref END,
-    last_error = CASE WHEN v.status = 'sent' THEN NULL ELSE v.err END,
-    end_reason = CASE WHEN v.status = 'dead' AND (o.maybe_accepted OR v.maybe) THEN 'ambiguous'
+    -- A lookup that found no message for the reference (notacc) clears the
+    -- mark: no earlier attempt reached the provider.
+    status = CASE WHEN v.status = 'dead' AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe) THEN 'unknown' ELSE v.status END,
+    provider_ref = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(nullif(v.ref, ''), o.provider_ref)
+                        ELSE o.provider_ref END,
+    last_error = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN NULL ELSE v.err END,
+    end_reason = CASE WHEN v.status = 'dead' AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe) THEN 'ambiguous'
                       WHEN v.status IN ('dead', 'unknown') THEN v.reason END,
     next_attempt_at = CASE WHEN v.status = 'queued'
                            THEN clock_timestamp() + v.delay * interval '1 second' ELSE o.next_attempt_at END,
     stream_seq = CASE WHEN v.status = 'queued' AND v.park THEN NULL ELSE o.stream_seq END,
-    maybe_accepted = o.maybe_accepted OR v.maybe,
-    attempt_count = CASE WHEN v.status = 'queued' AND v.refund AND o.status = 'sending'
+    maybe_accepted = (o.maybe_accepted AND NOT v.notacc) OR v.maybe,
+    -- A refund gives the claim's attempt back: the provider took nothing
+    -- (429), or the claim only looked the message up.
+    attempt_count = CASE WHEN v.refund AND o.status = 'sending'
                          THEN greatest(o.attempt_count - 1, 0) ELSE o.attempt_count END,
+    lookup_pending = v.status = 'queued' AND v.lookup,
+    lookups = CASE WHEN o.status = 'sending' THEN o.lookups + v.failed ELSE o.lookups END,
     updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[],
-            $10::bool[])
-         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund)
+            $10::bool[], $11::bool[], $12::int[], $13::bool[])
+         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund, lookup, failed, notacc)
      JOIN locked USING (id)
 WHERE o.id = v.id
-  AND CASE WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown')
+  AND CASE -- The provider's own word (an answer, a lookup) is evidence: it is
+           -- written over any unfinished status and over unknown, and a
+           -- delivery report over sent; never over a final status.
+           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown')
+           WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
-		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds)
+		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc)
 	var (
 		id       uuid.UUID
 		gen      int32

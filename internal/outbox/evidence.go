@@ -1,0 +1,262 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Receipt is a provider's report of what became of a message.
+type Receipt struct {
+	// ID is the row: the reference the message was sent with.
+	ID uuid.UUID
+	// Status is what the report establishes: StatusDelivered or
+	// StatusUndelivered (the phone's fate), or StatusSent (the provider has
+	// the message; evidence of acceptance only).
+	Status State
+	// ProviderRef is the provider's id for the message, when given.
+	ProviderRef string
+	// Code is the provider's error code for an undelivered message, 0 when
+	// none.
+	Code int
+	// At is when the provider says it happened; zero when it does not say.
+	At time.Time
+	// Source names the receipt's kind: "generic" or "twilio".
+	Source string
+}
+
+// ReceiptResult says what one receipt did.
+type ReceiptResult struct {
+	// Found is false when no row has the receipt's reference: nothing was
+	// recorded (a provider that retries a non-2xx answer must not be made
+	// to retry this one forever).
+	Found bool
+	// Prev is the row's status before the receipt.
+	Prev State
+	// Applied is true when the receipt moved the row.
+	Applied bool
+}
+
+// Contradicted reports whether the receipt says the provider had a message
+// the row says never reached it (a dead row): the receipt is recorded, the
+// row is not moved (dead is final), and a person should look.
+func (r ReceiptResult) Contradicted() bool { return r.Found && r.Prev == StatusDead }
+
+// SettledUnknown reports whether the receipt settled an unknown row.
+func (r ReceiptResult) SettledUnknown() bool { return r.Applied && r.Prev == StatusUnknown }
+
+// ApplyReceipts records receipts as evidence of their rows and moves each row
+// as far as its receipt shows, never backwards: a delivery report over any
+// status but a final one (delivered, undelivered, dead), and evidence of
+// acceptance over an unfinished or unknown row. So a receipt may come before
+// the sender's own sent write (that write then changes nothing), twice, or
+// out of order, and nothing is lost or undone. It returns one result per
+// receipt, in order. Rows are locked in id order, as every other writer
+// locks them.
+func ApplyReceipts(ctx context.Context, tx pgx.Tx, rs []Receipt) ([]ReceiptResult, error) {
+	out := make([]ReceiptResult, len(rs))
+	// One statement moves a row once: a second receipt for a row in the
+	// same batch goes to a round of its own, in arrival order.
+	idx := make([]int, len(rs))
+	for i := range idx {
+		idx[i] = i
+	}
+	for len(idx) > 0 {
+		seen := map[uuid.UUID]bool{}
+		var round, later []int
+		for _, i := range idx {
+			if seen[rs[i].ID] {
+				later = append(later, i)
+				continue
+			}
+			seen[rs[i].ID] = true
+			round = append(round, i)
+		}
+		if err := applyReceiptRound(ctx, tx, rs, round, out); err != nil {
+			return nil, err
+		}
+		idx = later
+	}
+	return out, nil
+}
+
+func applyReceiptRound(ctx context.Context, tx pgx.Tx, rs []Receipt, round []int, out []ReceiptResult) error {
+	slices.SortFunc(round, func(a, b int) int { return compareUUID(rs[a].ID, rs[b].ID) })
+	n := len(round)
+	var (
+		ids      = make([]uuid.UUID, n)
+		statuses = make([]string, n)
+		refs     = make([]*string, n)
+		codes    = make([]*int32, n)
+		ats      = make([]*time.Time, n)
+		sources  = make([]string, n)
+	)
+	for k, i := range round {
+		r := rs[i]
+		switch r.Status {
+		case StatusSent, StatusDelivered, StatusUndelivered:
+		default:
+			return fmt.Errorf("outbox: receipt status %q is not sent, delivered or undelivered", r.Status)
+		}
+		ids[k], statuses[k], sources[k] = r.ID, string(r.Status), r.Source
+		if ref := clean(r.ProviderRef); ref != "" {
+			refs[k] = &ref
+		}
+		if r.Code != 0 {
+			c := int32(r.Code)
+			codes[k] = &c
+		}
+		if !r.At.IsZero() {
+			at := r.At
+			ats[k] = &at
+		}
+	}
+	rows, _ := tx.Query(ctx, `
+WITH v AS (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::text[])
+	         WITH ORDINALITY AS v(id, status, ref, code, at, source, k)
+), locked AS (
+	SELECT id, status FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+), ev AS (
+	INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, code, reported_at, source)
+	SELECT v.id, 'receipt', CASE v.status WHEN 'sent' THEN 'accepted' ELSE v.status END, v.ref, v.code, v.at, v.source
+	FROM v JOIN locked USING (id)
+	-- A receipt sent again (a provider retrying) is recorded once.
+	WHERE NOT EXISTS (SELECT 1 FROM sms_evidence e
+		WHERE e.outbox_id = v.id AND e.kind = 'receipt' AND e.source = v.source
+		  AND e.result = CASE v.status WHEN 'sent' THEN 'accepted' ELSE v.status END
+		  AND e.provider_ref IS NOT DISTINCT FROM v.ref AND e.code IS NOT DISTINCT FROM v.code
+		  AND e.reported_at IS NOT DISTINCT FROM v.at)
+), upd AS (
+	UPDATE sms_outbox o
+	SET status = v.status, provider_ref = coalesce(o.provider_ref, v.ref), lookup_pending = false,
+	    updated_at = clock_timestamp()
+	FROM v JOIN locked USING (id)
+	WHERE o.id = v.id
+	  AND CASE WHEN v.status = 'sent' THEN locked.status IN ('pending', 'queued', 'sending', 'unknown')
+	           ELSE locked.status IN ('pending', 'queued', 'sending', 'sent', 'unknown') END
+	RETURNING o.id
+)
+SELECT v.k, locked.status, upd.id IS NOT NULL
+FROM v LEFT JOIN locked USING (id) LEFT JOIN upd USING (id)
+ORDER BY v.k`, uuidArray(ids), statuses, refs, codes, ats, sources)
+	var (
+		k       int64
+		prev    *string
+		applied bool
+	)
+	_, err := pgx.ForEachRow(rows, []any{&k, &prev, &applied}, func() error {
+		r := ReceiptResult{Applied: applied}
+		if prev != nil {
+			r.Found, r.Prev = true, State(*prev)
+		}
+		out[round[k-1]] = r
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: apply receipts: %w", err)
+	}
+	return nil
+}
+
+// Evidence is one receipt or lookup answer recorded for a row.
+type Evidence struct {
+	// Kind is "receipt" or "lookup".
+	Kind string
+	// Result is delivered, undelivered or accepted (receipts); found, none,
+	// several or failed (lookups).
+	Result      string
+	ProviderRef string
+	Code        int
+	Detail      string
+	// ReportedAt is the provider's time, zero when it gave none.
+	ReportedAt time.Time
+	// ReceivedAt is when sendonce recorded it.
+	ReceivedAt time.Time
+	// Source is generic or twilio (receipts), sender or resolve (lookups).
+	Source string
+}
+
+// RecordLookup records a lookup's answer for row id.
+func RecordLookup(ctx context.Context, q Querier, id uuid.UUID, e Evidence) error {
+	var ref *string
+	if r := clean(e.ProviderRef); r != "" {
+		ref = &r
+	}
+	_, err := q.Exec(ctx, `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, detail, source)
+		VALUES ($1, 'lookup', $2, $3, nullif($4, ''), $5)`, id, e.Result, ref, clean(e.Detail), e.Source)
+	if err != nil {
+		return fmt.Errorf("outbox: record lookup: %w", err)
+	}
+	return nil
+}
+
+// EvidenceOf returns the receipts and lookups recorded for row id, oldest
+// first.
+func EvidenceOf(ctx context.Context, q Querier, id uuid.UUID) ([]Evidence, error) {
+	rows, _ := q.Query(ctx, `SELECT kind, result, coalesce(provider_ref, ''), coalesce(code, 0), coalesce(detail, ''),
+			coalesce(reported_at, 'epoch'::timestamptz), received_at, source
+		FROM sms_evidence WHERE outbox_id = $1 ORDER BY id`, id)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Evidence, error) {
+		var e Evidence
+		err := r.Scan(&e.Kind, &e.Result, &e.ProviderRef, &e.Code, &e.Detail, &e.ReportedAt, &e.ReceivedAt, &e.Source)
+		if e.ReportedAt.Equal(time.Unix(0, 0)) {
+			e.ReportedAt = time.Time{}
+		}
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: read evidence: %w", err)
+	}
+	return out, nil
+}
+
+// insertLookups records the lookups of a batch of results as evidence. again
+// says the batch may have been committed before: a record already there
+// (same row, same time) is not added twice.
+func insertLookups(ctx context.Context, tx pgx.Tx, results []Result, again bool) error {
+	var (
+		ids     []uuid.UUID
+		outcome []string
+		refs    []*string
+		details []string
+		at      []time.Time
+		sources []string
+	)
+	for _, r := range results {
+		e := r.Lookup
+		if e == nil {
+			continue
+		}
+		ids = append(ids, r.ID)
+		outcome = append(outcome, e.Result)
+		var ref *string
+		if v := clean(e.ProviderRef); v != "" {
+			ref = &v
+		}
+		refs = append(refs, ref)
+		details = append(details, clean(e.Detail))
+		at = append(at, e.ReceivedAt)
+		sources = append(sources, e.Source)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	sql := `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, detail, received_at, source)
+		SELECT v.id, 'lookup', v.result, v.ref, nullif(v.detail, ''), v.at, v.source
+		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[])
+			AS v(id, result, ref, detail, at, source)`
+	if again {
+		sql += `
+		WHERE NOT EXISTS (SELECT 1 FROM sms_evidence e
+			WHERE e.outbox_id = v.id AND e.kind = 'lookup' AND e.received_at = v.at)`
+	}
+	if _, err := tx.Exec(ctx, sql, uuidArray(ids), outcome, refs, details, at, sources); err != nil {
+		return fmt.Errorf("outbox: record lookups: %w", err)
+	}
+	return nil
+}
