@@ -66,6 +66,13 @@ type Config struct {
 	MaxConns int
 	// MaxRetryAfter caps a provider's Retry-After; default 1h.
 	MaxRetryAfter time.Duration
+	// ReceiptsURL is the base URL of the receiver as the provider sees it
+	// (RECEIPTS_PUBLIC_URL); when set, every request asks for delivery
+	// receipts there. Empty asks for none.
+	ReceiptsURL string
+	// Lookup enables Lookup: the provider can be asked which messages it
+	// has for a reference (GET BaseURL/v1/messages?reference=).
+	Lookup bool
 	// Transport, when set, replaces the default transport (tests).
 	Transport http.RoundTripper
 }
@@ -81,6 +88,8 @@ type Client struct {
 	newRequest func(ctx context.Context, m Message) (*http.Request, error)
 	// refField names the message id in a success response.
 	refField string
+	// lookup asks the provider which messages it has for q.
+	lookup func(ctx context.Context, q LookupQuery) ([]Found, error)
 }
 
 // New returns a client, or an error naming the invalid setting.
@@ -130,6 +139,14 @@ func New(cfg Config) (*Client, error) {
 		c.auth = "Bearer " + cfg.APIKey
 	}
 	c.newRequest, c.refField = c.genericRequest, "id"
+	if cfg.Lookup {
+		c.lookup = c.genericLookup
+	}
+	if cfg.ReceiptsURL != "" {
+		if u, err := url.Parse(cfg.ReceiptsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, errors.New("provider: ReceiptsURL must be an absolute http or https URL")
+		}
+	}
 	return c, nil
 }
 
@@ -192,21 +209,30 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 // genericRequest builds the generic API request (docs/design.md): JSON, and the key in
 // Idempotency-Key.
 func (c *Client) genericRequest(ctx context.Context, m Message) (*http.Request, error) {
-	body, err := json.Marshal(struct {
-		To   string `json:"to"`
-		Body string `json:"body"`
-	}{m.To, m.Body})
+	// The reference (the row id, like the key) lets a receipt and a lookup
+	// find the row; the callback asks for the receipts. Both are the same
+	// on every attempt, so the body is too.
+	req := struct {
+		To          string `json:"to"`
+		Body        string `json:"body"`
+		Reference   string `json:"reference"`
+		CallbackURL string `json:"callback_url,omitempty"`
+	}{To: m.To, Body: m.Body, Reference: m.Key}
+	if c.cfg.ReceiptsURL != "" {
+		req.CallbackURL = strings.TrimRight(c.cfg.ReceiptsURL, "/") + "/v1/receipts/generic"
+	}
+	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("Idempotency-Key", m.Key)
-	return req, nil
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "application/json")
+	hreq.Header.Set("Idempotency-Key", m.Key)
+	return hreq, nil
 }
 
 // transportFailure classifies an attempt that produced no response. Before

@@ -355,8 +355,10 @@ func TestSendRequestShape(t *testing.T) {
 				if err := json.Unmarshal(r.Body, &got); err != nil {
 					t.Fatalf("body %q is not JSON: %v", r.Body, err)
 				}
-				want := map[string]any{"to": msg.To, "body": msg.Body}
-				if len(got) != len(want) || got["to"] != want["to"] || got["body"] != want["body"] {
+				// The reference is the row id, like the key: receipts and
+				// lookups find the row by it.
+				want := map[string]any{"to": msg.To, "body": msg.Body, "reference": msg.Key}
+				if len(got) != len(want) || got["to"] != want["to"] || got["body"] != want["body"] || got["reference"] != want["reference"] {
 					t.Errorf("body = %v, want exactly %v", got, want)
 				}
 			}
@@ -780,4 +782,71 @@ func TestSendNothingSent(t *testing.T) {
 			t.Errorf("provider got %d requests, want 0", n)
 		}
 	})
+}
+
+// With a receipts URL every request asks for receipts there, the same on
+// every attempt (the body of one key never changes).
+func TestSendAsksForReceipts(t *testing.T) {
+	t.Parallel()
+	p := startProvider(t, reply(201, `{"id":"msg_1"}`))
+	c := newClient(t, p.URL, true, func(cfg *provider.Config) { cfg.ReceiptsURL = "https://hooks.example.com/sendonce/" })
+	for range 2 {
+		if o := c.Send(context.Background(), testMsg); o.Kind != provider.Sent {
+			t.Fatalf("Send: %+v", o)
+		}
+	}
+	reqs := p.requests()
+	if len(reqs) != 2 || string(reqs[0].Body) != string(reqs[1].Body) {
+		t.Fatalf("requests %d; the two bodies differ", len(reqs))
+	}
+	var got map[string]any
+	if err := json.Unmarshal(reqs[0].Body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["callback_url"] != "https://hooks.example.com/sendonce/v1/receipts/generic" || got["reference"] != testMsg.Key {
+		t.Fatalf("body = %v", got)
+	}
+}
+
+// A lookup reads the provider's messages for the reference: none, one with
+// its status, several; an error is an error, not an empty answer.
+func TestGenericLookup(t *testing.T) {
+	t.Parallel()
+	ref := testMsg.Key
+	tests := []struct {
+		name   string
+		status int
+		body   string
+		want   []provider.Found
+		err    bool
+	}{
+		{"none", 200, `{"messages":[]}`, nil, false},
+		{"one delivered", 200, `{"messages":[{"id":"msg_1","reference":"` + ref + `","status":"delivered"}]}`, []provider.Found{{Ref: "msg_1", Status: "delivered"}}, false},
+		{"one queued", 200, `{"messages":[{"id":"msg_1","reference":"` + ref + `","status":"queued"}]}`, []provider.Found{{Ref: "msg_1", Status: "accepted"}}, false},
+		{"two", 200, `{"messages":[{"id":"msg_1","reference":"` + ref + `","status":"failed"},{"id":"msg_2","reference":"` + ref + `","status":"sent"}]}`,
+			[]provider.Found{{Ref: "msg_1", Status: "undelivered"}, {Ref: "msg_2", Status: "accepted"}}, false},
+		{"another reference ignored", 200, `{"messages":[{"id":"msg_9","reference":"other","status":"delivered"}]}`, nil, false},
+		{"server error", 503, `{}`, nil, true},
+		{"not json", 200, `<html>`, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := startProvider(t, reply(tt.status, tt.body))
+			c := newClient(t, p.URL, false, func(cfg *provider.Config) { cfg.Lookup = true; cfg.APIKey = "k" })
+			res := c.Lookup(context.Background(), provider.LookupQuery{Reference: ref})
+			if (res.Err != nil) != tt.err || len(res.Found) != len(tt.want) {
+				t.Fatalf("Lookup = %+v, want %v (error %v)", res, tt.want, tt.err)
+			}
+			for i := range tt.want {
+				if res.Found[i] != tt.want[i] {
+					t.Errorf("found[%d] = %+v, want %+v", i, res.Found[i], tt.want[i])
+				}
+			}
+			reqs := p.requests()
+			if len(reqs) != 1 || reqs[0].Method != http.MethodGet || reqs[0].Path != "/v1/messages" || reqs[0].Auth != "Bearer k" {
+				t.Fatalf("lookup request %+v", reqs)
+			}
+		})
+	}
 }
