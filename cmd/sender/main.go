@@ -49,6 +49,10 @@ type config struct {
 	rateBurst      float64
 	normalShare    float64
 	bulkShare      float64
+	lookup         bool
+	lookupSettle   time.Duration
+	lookupBudget   int
+	receiptsURL    string
 }
 
 func bind(s *envflag.Set, c *config) {
@@ -73,6 +77,11 @@ func bind(s *envflag.Set, c *config) {
 	s.Float(&c.rateBurst, "sms-rate-burst", "SMS_RATE_BURST", 0, 0, 1e6, "provider requests sent at once across all senders after an idle spell (0: SMS_RATE_LIMIT/10, at least 1)")
 	s.Float(&c.normalShare, "normal-min-share", "SENDER_NORMAL_MIN_SHARE", sender.DefaultNormalMinShare, 0, 0.9, "least part of a sender's work the normal lane gets while urgent messages keep coming")
 	s.Float(&c.bulkShare, "bulk-min-share", "SENDER_BULK_MIN_SHARE", sender.DefaultBulkMinShare, 0, 0.9, "least part of a sender's work the bulk lane gets while urgent and normal messages keep coming")
+	s.Bool(&c.lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "at a provider without idempotency, settle an attempt that got no answer by asking the provider whether it has the message (generic: GET BASE/v1/messages?reference=; twilio: the number's messages with the same body), instead of ending it unknown")
+	s.Duration(&c.lookupSettle, "sms-api-lookup-settle", "SMS_API_LOOKUP_SETTLE", sender.DefaultLookupSettle, 0, time.Hour, "wait after an attempt that got no answer before the lookup; assumes a request the provider accepted shows in its lookup within this time")
+	s.Int(&c.lookupBudget, "sms-api-lookup-budget", "SMS_API_LOOKUP_BUDGET", sender.DefaultLookupBudget, 1, 1000, "lookups that may fail (spaced by the backoff) before the message ends unknown")
+	s.String(&c.receiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID)")
+	s.URL(&c.receiptsURL, "receipts-public-url", "http", "https")
 	s.Check(func() error {
 		switch {
 		case c.providerKind == "generic" && c.apiBase == "":
@@ -98,6 +107,9 @@ func bind(s *envflag.Set, c *config) {
 		}
 		if c.lease != 0 && c.lease <= c.apiTimeout {
 			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed -sms-api-timeout / SMS_API_TIMEOUT (%s)", c.lease, c.apiTimeout)
+		}
+		if c.lookup && (c.providerKind == "twilio" || !c.idempotent) && c.lease != 0 && c.lease <= 2*c.apiTimeout {
+			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed twice -sms-api-timeout / SMS_API_TIMEOUT (%s) with SMS_API_LOOKUP: a lookup and the call after it run under one lease", c.lease, c.apiTimeout)
 		}
 		if _, err := parseCodes(c.permanentCodes); err != nil {
 			return fmt.Errorf("-sms-permanent-codes / SMS_PERMANENT_CODES: %w", err)
@@ -163,11 +175,12 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		prov, err = provider.NewTwilio(provider.TwilioConfig{
 			BaseURL: c.apiBase, AccountSID: c.twilioSID, AuthToken: c.twilioToken, From: c.twilioFrom,
 			MessagingServiceSID: c.twilioService, Timeout: c.apiTimeout, PermanentCodes: codes, MaxConns: c.concurrency,
+			ReceiptsURL: c.receiptsURL, Lookup: c.lookup,
 		})
 	} else {
 		prov, err = provider.New(provider.Config{
 			BaseURL: c.apiBase, APIKey: c.apiKey, Timeout: c.apiTimeout, Idempotent: c.idempotent,
-			PermanentCodes: codes, MaxConns: c.concurrency,
+			PermanentCodes: codes, MaxConns: c.concurrency, ReceiptsURL: c.receiptsURL, Lookup: c.lookup,
 		})
 	}
 	if err != nil {
@@ -207,7 +220,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Concurrency: c.concurrency,
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,
-		Flow: lim, Logger: root, Registerer: reg,
+		LookupSettle: c.lookupSettle, LookupBudget: c.lookupBudget, Flow: lim, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -222,7 +235,8 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	stall := max(time.Minute, 2*lease)
 	tel.SetReady(func() error { return snd.Ready(stall) })
 	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
-		"api_timeout", c.apiTimeout.String(), "rate_limit", c.rateLimit)
+		"api_timeout", c.apiTimeout.String(), "rate_limit", c.rateLimit,
+		"lookups", prov.CanLookup() && !prov.Idempotent(), "receipts", c.receiptsURL != "")
 	// The sender itself gives up on what it holds at the shutdown timeout;
 	// the wait here is the backstop for a drain stuck elsewhere.
 	if err := conns.Run(ctx, c.ShutdownTimeout+5*time.Second, log, snd.Run, lim.Run); err != nil {

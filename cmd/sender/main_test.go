@@ -193,7 +193,7 @@ func TestRefusesASchemaOlderThanItNeeds(t *testing.T) {
 	if _, err := migrate.Up(ctx, conn, migs[:5]); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "",
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "127.0.0.1:0",
 		"SMS_API_BASE": "http://127.0.0.1:9", "SMS_API_ALLOW_INSECURE": "true"}
 	var out, errOut testkit.Buffer
 	code := run(ctx, []string{"sender"}, testkit.EnvMap(env), &out, &errOut)

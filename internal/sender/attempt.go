@@ -2,6 +2,7 @@ package sender
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -22,7 +23,7 @@ type result struct {
 	action    action
 	delay     time.Duration // for nak
 	createdAt time.Time
-	attempt   *outbox.Attempt // the attempts-log record, if any
+	attempts  []outbox.Attempt // the attempts-log records: a lookup, a call
 	// letter is published once the row's dead or unknown status is written.
 	letter *deadletter.Letter
 }
@@ -43,10 +44,38 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 	f := facts{
 		stale: c.Result == outbox.ClaimedStale, idempotent: s.cfg.Provider.Idempotent(),
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
-		lastDelivery: s.lastDelivery(h.msg),
+		lastDelivery: s.lastDelivery(h.msg), canLookup: s.cfg.Provider.CanLookup(),
+		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget,
+	}
+	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
+	res := result{held: h, createdAt: c.CreatedAt}
+	v := decide(f, nil, pol)
+	var lookup *outbox.Evidence
+	if v.lookup {
+		// Ask the provider what became of the earlier attempts. Every
+		// attempt carried the same reference, so one lookup covers them all.
+		started := time.Now()
+		lr := s.cfg.Provider.Lookup(context.WithoutCancel(ctx), provider.LookupQuery{
+			Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt,
+		})
+		v = decideLookup(f, lr, pol)
+		result := lookupOf(lr)
+		s.metrics.lookups.WithLabelValues(result).Inc()
+		logAt(slog.LevelInfo, "provider lookup", "result", result, "found", len(lr.Found), "latency", lr.Latency.String(), "err", lr.Err)
+		lookup = &outbox.Evidence{Kind: "lookup", Result: result, ProviderRef: v.ref, Detail: lookupDetail(lr),
+			ReceivedAt: time.Now(), Source: "sender"}
+		res.attempts = append(res.attempts, outbox.Attempt{
+			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: lr.Latency, Outcome: "lookup",
+			Error: lookup.Detail, Sender: s.cfg.Name,
+		})
+		if v.notAccepted {
+			// No earlier attempt reached the provider: what follows is
+			// decided as if none had.
+			f.maybeAccepted = false
+			v = decideAfterNone(f)
+		}
 	}
 	started := time.Now()
-	v := decide(f, nil, policy{})
 	var out provider.Outcome
 	called = v.call
 	if called {
@@ -59,12 +88,16 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 		if out.Kind == provider.Sent {
 			crashpoint.Hit(crashpoint.SenderAfterAccept)
 		}
-		v = decide(f, &out, policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay})
+		notAccepted := v.notAccepted
+		v = decide(f, &out, pol)
+		v.notAccepted = notAccepted
 	}
 	if v.pause && s.cfg.Flow != nil {
 		s.cfg.Flow.Pause(ctx, out.After)
 	}
-	s.metrics.count(called, v.outcome)
+	if v.outcome != "lookup" {
+		s.metrics.count(called, v.outcome)
+	}
 	switch {
 	case v.letter && v.status == outbox.StatusUnknown:
 		logAt(slog.LevelWarn, "outcome unknown; not retried", "reason", v.reason, "http_status", out.HTTPStatus)
@@ -75,21 +108,23 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 		logAt(slog.LevelDebug, "retry parked in Postgres", "retry_in", v.delay.String())
 	}
 
-	res := result{
-		held: h, action: v.action, delay: v.delay, createdAt: c.CreatedAt,
-		row: outbox.Result{
-			ID: c.ID, Status: v.status, Error: v.errText, Reason: v.reason, RetryIn: v.delay, Park: v.park,
-			Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund,
-		},
+	res.action, res.delay = v.action, v.delay
+	res.row = outbox.Result{
+		ID: c.ID, Status: v.status, Error: v.errText, Reason: v.reason, RetryIn: v.delay, Park: v.park,
+		Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund, LookupPending: v.lookupPending,
+		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: lookup,
 	}
-	if v.status == outbox.StatusSent {
+	switch {
+	case called && v.status == outbox.StatusSent:
 		res.row.ProviderRef = out.Ref
+	case !called:
+		res.row.ProviderRef = v.ref
 	}
-	if v.outcome != "" {
-		res.attempt = &outbox.Attempt{
+	if v.outcome != "" && v.outcome != "lookup" {
+		res.attempts = append(res.attempts, outbox.Attempt{
 			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: out.Latency, Outcome: v.outcome,
 			HTTPStatus: out.HTTPStatus, ProviderCode: out.Code, Error: v.errText, Sender: s.cfg.Name,
-		}
+		})
 	}
 	if v.letter {
 		idem := deadletter.ProviderNotIdempotent
@@ -131,4 +166,18 @@ func (s *Sender) rejectInvalid(hold context.Context, h held, id uuid.UUID, why s
 		s.log.Warn("invalid message dead-lettered", "reason", why, "outbox_id", id.String())
 		h.answer(func(m jetstream.Msg) { _ = m.Term() })
 	}()
+}
+
+// lookupDetail is a lookup's answer for the attempts log and the evidence:
+// what was found, never the number or the body.
+func lookupDetail(r provider.LookupResult) string {
+	switch lookupOf(r) {
+	case "failed":
+		return "lookup failed: " + r.Err.Error()
+	case "none":
+		return "lookup: the provider has no message for this reference"
+	case "found":
+		return fmt.Sprintf("lookup: the provider has the message (%s)", r.Found[0].Status)
+	}
+	return fmt.Sprintf("lookup: the provider has %d messages for this reference", len(r.Found))
 }

@@ -27,6 +27,8 @@ const (
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultNormalMinShare  = 0.2
 	DefaultBulkMinShare    = 0.05
+	DefaultLookupSettle    = 10 * time.Second
+	DefaultLookupBudget    = 10
 )
 
 // Config configures a Sender.
@@ -82,6 +84,15 @@ type Config struct {
 	// and bulk ones are delayed, never starved. Defaults 0.2 and 0.05;
 	// their sum must stay below 1.
 	NormalMinShare, BulkMinShare float64
+	// LookupSettle is how long after an attempt that got no answer, at a
+	// provider without idempotency that can be looked up, the provider is
+	// asked whether it has the message; default 10s. It rests on one
+	// assumption: a request the provider accepted shows in its lookup
+	// within this time. LookupBudget is how many lookups may fail before
+	// the row ends unknown; default 10 (they are spaced by the backoff, at
+	// least LookupSettle apart).
+	LookupSettle time.Duration
+	LookupBudget int
 	// Flow, when set, paces provider requests within a rate limit shared by
 	// every sender and pauses them all when the provider asks; a token is
 	// taken before a row is claimed, so a wait spends no attempt. Nil sends
@@ -117,6 +128,8 @@ func (c *Config) setDefaults() {
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.NormalMinShare = cmp.Or(c.NormalMinShare, DefaultNormalMinShare)
 	c.BulkMinShare = cmp.Or(c.BulkMinShare, DefaultBulkMinShare)
+	c.LookupSettle = cmp.Or(c.LookupSettle, DefaultLookupSettle)
+	c.LookupBudget = cmp.Or(c.LookupBudget, DefaultLookupBudget)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -138,6 +151,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("sender: WriteBatch %d must be at least 1", c.WriteBatch)
 	case c.Lease <= c.Provider.Timeout():
 		return fmt.Errorf("sender: Lease %s must exceed the provider timeout %s", c.Lease, c.Provider.Timeout())
+	case c.Provider.CanLookup() && !c.Provider.Idempotent() && c.Lease <= 2*c.Provider.Timeout():
+		// A lookup and the call after it run under one lease.
+		return fmt.Errorf("sender: Lease %s must exceed twice the provider timeout %s when lookups are on", c.Lease, c.Provider.Timeout())
+	case c.LookupSettle < 0 || c.LookupBudget < 1:
+		return fmt.Errorf("sender: LookupSettle %s must not be negative and LookupBudget %d must be at least 1", c.LookupSettle, c.LookupBudget)
 	case c.RetryBase <= 0:
 		return fmt.Errorf("sender: RetryBase %s must be positive", c.RetryBase)
 	case c.RetryCap < c.RetryBase:

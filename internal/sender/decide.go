@@ -44,7 +44,20 @@ type facts struct {
 	// lastDelivery: JetStream will not deliver this message again, so a
 	// retry cannot be handed back to it.
 	lastDelivery bool
+	// canLookup: the provider can be asked which messages it has for a
+	// reference (SMS_API_LOOKUP).
+	canLookup bool
+	// lookupPending: the row's last attempt ended without an answer at a
+	// provider without idempotency; a lookup must come before any call.
+	lookupPending bool
+	// lookups and lookupBudget: the row's failed lookups, and how many
+	// may fail before the row ends unknown.
+	lookups, lookupBudget int
 }
+
+// looksUp reports whether an attempt without an answer is settled by a
+// lookup rather than ended unknown.
+func (f facts) looksUp() bool { return f.canLookup && !f.idempotent }
 
 // policy is the sender's settings a decision needs, and the random draw.
 type policy struct {
@@ -52,6 +65,10 @@ type policy struct {
 	backoff time.Duration
 	// maxNakDelay is the longest wait handed back to JetStream.
 	maxNakDelay time.Duration
+	// settle is how long after an attempt without an answer the provider
+	// is looked up (SMS_API_LOOKUP_SETTLE): time for it to show a request
+	// it accepted.
+	settle time.Duration
 }
 
 // verdict is what to do about one attempt: whether to call the provider,
@@ -84,6 +101,19 @@ type verdict struct {
 	// pause asks every sender to wait delay: the provider said how long
 	// (a 429 or 503 with Retry-After).
 	pause bool
+	// lookup: ask the provider what became of earlier attempts before
+	// anything else (a decision before the call only).
+	lookup bool
+	// lookupPending: the retry begins with a lookup.
+	lookupPending bool
+	// lookupFailed counts a failed lookup against the row's budget.
+	lookupFailed bool
+	// notAccepted: a lookup found no message for the reference, so no
+	// earlier attempt reached the provider; the row's maybe_accepted mark
+	// is cleared.
+	notAccepted bool
+	// ref is the provider's id for the message, found by a lookup.
+	ref string
 }
 
 // decide maps what is known of a claimed row, and the provider's answer when
@@ -139,6 +169,17 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 		v.outcome = "permanent"
 		return v
 	case provider.Ambiguous:
+		if f.looksUp() {
+			// The provider may have the message: ask it, once it has had
+			// the settle time to show it, before anything else is sent.
+			// Even on the last attempt: a lookup settles it either way.
+			v := verdict{status: outbox.StatusQueued, errText: o.Error() + "; the provider will be asked whether it has the message",
+				action: nak, delay: p.settle, maybe: true, outcome: "ambiguous", lookupPending: true}
+			if f.lastDelivery || v.delay > p.maxNakDelay {
+				v.action, v.park = ack, true
+			}
+			return v
+		}
 		return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous, errText: o.Error(),
 			action: term, maybe: true, outcome: "ambiguous", letter: true}
 	}
@@ -150,6 +191,12 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 // decideBefore decides whether a claimed row may be called at all.
 func decideBefore(f facts) verdict {
 	switch {
+	case f.looksUp() && (f.lookupPending || f.stale):
+		// An earlier attempt ended without an answer (or died mid-call) at
+		// a provider that would send again: what it did is asked, not
+		// guessed. This comes before the budget: a lookup may find the
+		// message sent.
+		return verdict{lookup: true}
 	case f.stale && !f.idempotent:
 		// An earlier attempt died mid-call at a provider that would send
 		// again: the outcome is unknowable, and a call could double-send.
@@ -169,6 +216,71 @@ func decideBefore(f facts) verdict {
 		return v
 	}
 	return verdict{call: true}
+}
+
+// lookupOf names a lookup's answer in the evidence and the attempts log:
+// found, none, several or failed.
+func lookupOf(r provider.LookupResult) string {
+	switch {
+	case r.Err != nil:
+		return "failed"
+	case len(r.Found) == 0:
+		return "none"
+	case len(r.Found) == 1:
+		return "found"
+	}
+	return "several"
+}
+
+// decideLookup maps a lookup's answer to a verdict. A lookup is not an
+// attempt to send: every verdict but "none" gives the claim's attempt back.
+// "none" returns {call: true, notAccepted: true}: the earlier attempts never
+// reached the provider, and the message is sent now with the same
+// reference, budget allowing (decideAfterNone).
+func decideLookup(f facts, r provider.LookupResult, p policy) verdict {
+	switch lookupOf(r) {
+	case "failed":
+		if f.lookups+1 >= f.lookupBudget {
+			return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,
+				errText: fmt.Sprintf("the provider could not be asked whether it has the message (%d lookups failed); last: %v", f.lookups+1, r.Err),
+				action:  term, maybe: true, outcome: "lookup", letter: true, lookupFailed: true, refund: true}
+		}
+		v := verdict{status: outbox.StatusQueued, errText: fmt.Sprintf("lookup failed: %v; asking again later", r.Err),
+			action: nak, delay: max(p.settle, p.backoff), maybe: true, outcome: "lookup",
+			lookupPending: true, lookupFailed: true, refund: true}
+		if f.lastDelivery || v.delay > p.maxNakDelay {
+			v.action, v.park = ack, true
+		}
+		return v
+	case "none":
+		return verdict{call: true, notAccepted: true}
+	case "found":
+		m := r.Found[0]
+		status := outbox.StatusSent
+		switch m.Status {
+		case "delivered":
+			status = outbox.StatusDelivered
+		case "undelivered":
+			status = outbox.StatusUndelivered
+		}
+		return verdict{status: status, action: ack, outcome: "lookup", ref: m.Ref, refund: true}
+	}
+	return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,
+		errText: fmt.Sprintf("the provider has %d messages for this reference: it was sent more than once", len(r.Found)),
+		action:  term, maybe: true, outcome: "lookup", letter: true, refund: true}
+}
+
+// decideAfterNone decides the call that follows a lookup that found
+// nothing: no earlier attempt reached the provider, so a row whose budget
+// is spent ends dead (nothing was sent), else the call goes ahead.
+func decideAfterNone(f facts) verdict {
+	if f.attempt > f.maxAttempts {
+		v := unsent(false, wire.ReasonMaxAttempts,
+			fmt.Sprintf("attempts exhausted (%d of %d); the provider has no message for this reference", f.maxAttempts, f.maxAttempts))
+		v.outcome, v.notAccepted = "max_attempts", true
+		return v
+	}
+	return verdict{call: true, notAccepted: true}
 }
 
 // unsent is the verdict for a row that will not be sent for reason: dead

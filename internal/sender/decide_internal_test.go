@@ -1,6 +1,7 @@
 package sender
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 // call, or its absence, can have, against what the row tells.
 func TestDecide(t *testing.T) {
 	t.Parallel()
-	p := policy{backoff: 700 * time.Millisecond, maxNakDelay: 30 * time.Second}
+	p := policy{backoff: 700 * time.Millisecond, maxNakDelay: 30 * time.Second, settle: 10 * time.Second}
 	fresh := facts{idempotent: true, attempt: 1, maxAttempts: 8}
 	with := func(f facts, edit func(*facts)) facts { edit(&f); return f }
 	sent := &provider.Outcome{Kind: provider.Sent, Ref: "msg_1", HTTPStatus: 201}
@@ -67,6 +68,16 @@ func TestDecide(t *testing.T) {
 			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, outcome: "permanent", letter: true}},
 		{"ambiguous ends unknown", with(fresh, func(f *facts) { f.idempotent = false }), amb,
 			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "ambiguous", letter: true}},
+		{"ambiguous with lookups waits the settle time, then looks up", with(fresh, func(f *facts) { f.idempotent, f.canLookup = false, true }), amb,
+			verdict{status: outbox.StatusQueued, action: nak, delay: 10 * time.Second, maybe: true, outcome: "ambiguous", lookupPending: true}},
+		{"ambiguous on the last attempt still looks up", with(fresh, func(f *facts) { f.idempotent, f.canLookup, f.attempt = false, true, 8 }), amb,
+			verdict{status: outbox.StatusQueued, action: nak, delay: 10 * time.Second, maybe: true, outcome: "ambiguous", lookupPending: true}},
+		{"a pending lookup comes before anything else", with(fresh, func(f *facts) { f.idempotent, f.canLookup, f.lookupPending, f.attempt = false, true, true, 9 }), nil,
+			verdict{lookup: true}},
+		{"a stale claim with lookups looks up", with(fresh, func(f *facts) { f.idempotent, f.canLookup, f.stale = false, true, true }), nil,
+			verdict{lookup: true}},
+		{"an idempotent provider never looks up", with(fresh, func(f *facts) { f.canLookup, f.lookupPending, f.stale = true, true, true }), nil,
+			verdict{call: true}},
 		{"an unclassified outcome ends dead", fresh, &provider.Outcome{}, verdict{status: outbox.StatusDead, reason: "permanent", action: term, outcome: "permanent", letter: true}},
 	}
 	for _, tt := range tests {
@@ -86,5 +97,57 @@ func TestDecide(t *testing.T) {
 				t.Errorf("%s without an error text", got.status)
 			}
 		})
+	}
+}
+
+// A lookup's answer settles what an attempt without one left open.
+func TestDecideLookup(t *testing.T) {
+	t.Parallel()
+	p := policy{backoff: 700 * time.Millisecond, maxNakDelay: 30 * time.Second, settle: 10 * time.Second}
+	f := facts{canLookup: true, attempt: 3, maxAttempts: 8, maybeAccepted: true, lookupPending: true, lookupBudget: 3}
+	failed := provider.LookupResult{Err: errors.New("lookup: http 500")}
+	tests := []struct {
+		name string
+		f    facts
+		r    provider.LookupResult
+		want verdict
+	}{
+		{"none: never accepted, send now", f, provider.LookupResult{}, verdict{call: true, notAccepted: true}},
+		{"one accepted: sent, with its id", f, provider.LookupResult{Found: []provider.Found{{Ref: "msg_1", Status: "accepted"}}},
+			verdict{status: outbox.StatusSent, action: ack, outcome: "lookup", ref: "msg_1", refund: true}},
+		{"one delivered: delivered", f, provider.LookupResult{Found: []provider.Found{{Ref: "msg_1", Status: "delivered"}}},
+			verdict{status: outbox.StatusDelivered, action: ack, outcome: "lookup", ref: "msg_1", refund: true}},
+		{"one undelivered: undelivered", f, provider.LookupResult{Found: []provider.Found{{Ref: "msg_1", Status: "undelivered"}}},
+			verdict{status: outbox.StatusUndelivered, action: ack, outcome: "lookup", ref: "msg_1", refund: true}},
+		{"several: sent more than once, unknown", f, provider.LookupResult{Found: []provider.Found{{Ref: "msg_1"}, {Ref: "msg_2"}}},
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "lookup", letter: true, refund: true}},
+		{"failed: asked again later, no attempt spent", f, failed,
+			verdict{status: outbox.StatusQueued, action: nak, delay: 10 * time.Second, maybe: true, outcome: "lookup", lookupPending: true, lookupFailed: true, refund: true}},
+		{"failed on the last delivery: parked", func() facts { g := f; g.lastDelivery = true; return g }(), failed,
+			verdict{status: outbox.StatusQueued, action: ack, park: true, delay: 10 * time.Second, maybe: true, outcome: "lookup", lookupPending: true, lookupFailed: true, refund: true}},
+		{"failed with the budget spent: unknown", func() facts { g := f; g.lookups = 2; return g }(), failed,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "lookup", letter: true, lookupFailed: true, refund: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := decideLookup(tt.f, tt.r, p)
+			errText := got.errText
+			got.errText = ""
+			if got != tt.want {
+				t.Fatalf("decideLookup = %+v\nwant           %+v", got, tt.want)
+			}
+			if (got.status == outbox.StatusUnknown || got.status == outbox.StatusQueued) && errText == "" {
+				t.Errorf("%s without an error text", got.status)
+			}
+		})
+	}
+	// None with the budget spent: nothing was ever sent, so dead.
+	g := f
+	g.attempt = 9
+	if v := decideAfterNone(g); v.status != outbox.StatusDead || v.call || !v.notAccepted || !v.letter {
+		t.Errorf("decideAfterNone past the budget = %+v, want dead, no call, mark cleared", v)
+	}
+	if v := decideAfterNone(f); !v.call || !v.notAccepted {
+		t.Errorf("decideAfterNone = %+v, want a call", v)
 	}
 }

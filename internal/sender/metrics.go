@@ -19,6 +19,7 @@ type metrics struct {
 	dbRetries       *prometheus.CounterVec
 	dlqRetries      prometheus.Counter
 	laneTaken       *prometheus.CounterVec
+	lookups         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -75,6 +76,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_lane_messages_total",
 			Help: "Messages taken from each priority lane (urgent, normal, bulk) for a claim.",
 		}, []string{"lane"}),
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_sender_lookups_total",
+			Help: "Lookups of earlier attempts at a provider without idempotency, by result: found (settled from the provider's record), none (never accepted; sent again), several (sent more than once; unknown), failed (asked again later).",
+		}, []string{"result"}),
 	}
 	// Every series exists from the start at 0, so that rate() and
 	// increase() see the first event of a kind.
@@ -93,8 +98,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, l := range []string{"urgent", "normal", "bulk"} {
 		m.laneTaken.WithLabelValues(l)
 	}
+	for _, r := range []string{"found", "none", "several", "failed"} {
+		m.lookups.WithLabelValues(r)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

@@ -43,6 +43,10 @@ type Provider interface {
 	Idempotent() bool
 	// Timeout is the bound on one attempt.
 	Timeout() time.Duration
+	// CanLookup reports whether the provider can be asked which messages
+	// it has for a reference; Lookup asks it.
+	CanLookup() bool
+	Lookup(ctx context.Context, q provider.LookupQuery) provider.LookupResult
 }
 
 // Flow is what the sender needs of a shared rate limit (flow.Limiter).

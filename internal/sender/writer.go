@@ -49,7 +49,9 @@ func (s *Sender) writeLoop(hold context.Context, results <-chan result) (unwritt
 		now := time.Now()
 		for _, r := range batch {
 			w, applied := written[r.row.ID]
-			if r.row.Status != "" && r.row.Status != outbox.StatusSent && !applied {
+			// A row the provider took needs no fence: whoever wrote it
+			// first, the message is answered.
+			if r.row.Status != "" && !accepted(r.row.Status) && !applied {
 				// Another claim owns the row now (this one's lease ran out,
 				// or an operator replayed it): its delivery decides; this
 				// one stays silent.
@@ -95,9 +97,7 @@ func (s *Sender) writeStatuses(hold context.Context, batch []result) (map[uuid.U
 		if r.row.Status != "" {
 			rows = append(rows, r.row)
 		}
-		if r.attempt != nil {
-			attempts = append(attempts, *r.attempt)
-		}
+		attempts = append(attempts, r.attempts...)
 	}
 	if len(rows) == 0 && len(attempts) == 0 {
 		return nil, true
@@ -128,4 +128,9 @@ func (s *Sender) writeStatuses(hold context.Context, batch []result) (map[uuid.U
 			return nil, false
 		}
 	}
+}
+
+// accepted reports whether status says the provider took the message.
+func accepted(status outbox.State) bool {
+	return status == outbox.StatusSent || status == outbox.StatusDelivered || status == outbox.StatusUndelivered
 }
