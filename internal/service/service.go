@@ -106,13 +106,24 @@ type Telemetry struct {
 	deps      *telemetry.Dependencies
 	pool      atomic.Pointer[pgxpool.Pool]
 	nc        atomic.Pointer[nats.Conn]
+	noNATS    bool
 	stop      func()
 }
 
 // StartTelemetry makes the registry and serves it on addr (nothing is
 // served when addr is empty). Stop it with Stop.
 func StartTelemetry(addr string, log *slog.Logger) (*Telemetry, error) {
-	t := &Telemetry{Registry: telemetry.NewRegistry(), deps: &telemetry.Dependencies{}, stop: func() {}}
+	return startTelemetry(addr, log, true)
+}
+
+// StartTelemetryWithoutNATS is StartTelemetry for a process that uses
+// Postgres only (the receiver).
+func StartTelemetryWithoutNATS(addr string, log *slog.Logger) (*Telemetry, error) {
+	return startTelemetry(addr, log, false)
+}
+
+func startTelemetry(addr string, log *slog.Logger, withNATS bool) (*Telemetry, error) {
+	t := &Telemetry{Registry: telemetry.NewRegistry(), deps: &telemetry.Dependencies{}, stop: func() {}, noNATS: !withNATS}
 	t.deps.Add("postgres", func(ctx context.Context) error {
 		p := t.pool.Load()
 		if p == nil {
@@ -120,12 +131,14 @@ func StartTelemetry(addr string, log *slog.Logger) (*Telemetry, error) {
 		}
 		return p.Ping(ctx)
 	})
-	t.deps.Add("nats", func(context.Context) error {
-		if nc := t.nc.Load(); nc == nil || !nc.IsConnected() {
-			return errors.New("not connected")
-		}
-		return nil
-	})
+	if withNATS {
+		t.deps.Add("nats", func(context.Context) error {
+			if nc := t.nc.Load(); nc == nil || !nc.IsConnected() {
+				return errors.New("not connected")
+			}
+			return nil
+		})
+	}
 	t.Registry.MustRegister(t.deps)
 	if addr == "" {
 		return t, nil
@@ -143,6 +156,9 @@ func StartTelemetry(addr string, log *slog.Logger) (*Telemetry, error) {
 // progress) says so.
 func (t *Telemetry) SetReady(ready func() error) {
 	t.readiness.Set(func() error {
+		if t.noNATS {
+			return ready()
+		}
 		if nc := t.nc.Load(); nc == nil || !nc.IsConnected() {
 			status := "not connected"
 			if nc != nil {
@@ -187,9 +203,39 @@ type Conns struct {
 // the consumer. Each step but the wait is bounded by StartTimeout. Errors
 // name the setting to check.
 func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns, error) {
+	pool, err := OpenDatabase(ctx, c.DatabaseURL, o, log)
+	if err != nil {
+		return nil, err
+	}
+	nc, js, err := natsconn.Connect(NATSConfig(c.NATS, o, log))
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	cs := &Conns{Pool: pool, NC: nc, JS: js}
+	if o.Telemetry != nil {
+		o.Telemetry.nc.Store(nc)
+	}
+	if err := natsconn.WaitConnected(ctx, nc, log); err != nil {
+		cs.Close()
+		return nil, err
+	}
+	topoCtx, cancelTopo := context.WithTimeout(ctx, StartTimeout)
+	defer cancelTopo()
+	if cs.Topology, err = ensure(topoCtx, js, c.EnsureTopology, log); err != nil {
+		cs.Close()
+		return nil, err
+	}
+	return cs, nil
+}
+
+// OpenDatabase connects to Postgres within StartTimeout and checks that its
+// schema is at least the version this binary's migrations reach. Errors
+// name the setting to check.
+func OpenDatabase(ctx context.Context, databaseURL string, o Options, log *slog.Logger) (*pgxpool.Pool, error) {
 	startCtx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
-	poolCfg, err := outbox.PoolConfig(c.DatabaseURL)
+	poolCfg, err := outbox.PoolConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
@@ -214,26 +260,7 @@ func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns,
 	if o.Telemetry != nil {
 		o.Telemetry.pool.Store(pool)
 	}
-	nc, js, err := natsconn.Connect(NATSConfig(c.NATS, o, log))
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	cs := &Conns{Pool: pool, NC: nc, JS: js}
-	if o.Telemetry != nil {
-		o.Telemetry.nc.Store(nc)
-	}
-	if err := natsconn.WaitConnected(ctx, nc, log); err != nil {
-		cs.Close()
-		return nil, err
-	}
-	topoCtx, cancelTopo := context.WithTimeout(ctx, StartTimeout)
-	defer cancelTopo()
-	if cs.Topology, err = ensure(topoCtx, js, c.EnsureTopology, log); err != nil {
-		cs.Close()
-		return nil, err
-	}
-	return cs, nil
+	return pool, nil
 }
 
 // NATSConfig completes the bound NATS settings for a process named by o.

@@ -1,0 +1,152 @@
+// Command receiver takes delivery receipts from the SMS provider and records
+// them in the outbox: POST /v1/receipts/generic (signed with
+// Sendonce-Signature) and POST /v1/receipts/twilio (signed with
+// X-Twilio-Signature). A receipt moves its row forward only (to delivered
+// or undelivered, or an unknown one to sent), and is answered 2xx once that
+// is committed. It needs Postgres only.
+//
+// Every flag has an environment variable; run "receiver -h" for the list.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/envflag"
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/receiver"
+	"github.com/sendonce/sendonce/internal/service"
+)
+
+func main() { proc.Main(run) }
+
+// Announcement starts the line the receiver prints on stdout once it
+// listens, followed by its base URL.
+const Announcement = "receiver listening on "
+
+type config struct {
+	service.Settings
+	addr           string
+	secret         string
+	previousSecret string
+	twilioToken    string
+	publicURL      string
+	tlsCert        string
+	tlsKey         string
+	window         time.Duration
+}
+
+func bind(s *envflag.Set, c *config) {
+	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
+	s.Required(&c.DatabaseURL, "database-url")
+	s.String(&c.addr, "receipts-addr", "RECEIPTS_ADDR", ":8088", "address the receipt endpoints listen on (the provider calls it)")
+	s.Secret(&c.secret, "sms-webhook-secret", "SMS_WEBHOOK_SECRET", "shared secret (at least 16 bytes) that signs generic receipts (Sendonce-Signature); enables /v1/receipts/generic")
+	s.Secret(&c.previousSecret, "sms-webhook-secret-previous", "SMS_WEBHOOK_SECRET_PREVIOUS", "the secret being rotated out, accepted as well until the provider signs with the new one")
+	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "Twilio auth token that signs status callbacks (X-Twilio-Signature); enables /v1/receipts/twilio")
+	s.String(&c.publicURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "this receiver's base URL as the provider calls it (Twilio signs the full URL); required with TWILIO_AUTH_TOKEN")
+	s.URL(&c.publicURL, "receipts-public-url", "http", "https")
+	s.String(&c.tlsCert, "receipts-tls-cert", "RECEIPTS_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with RECEIPTS_TLS_KEY (else terminate TLS in front)")
+	s.String(&c.tlsKey, "receipts-tls-key", "RECEIPTS_TLS_KEY", "", "private key file (PEM) of RECEIPTS_TLS_CERT")
+	s.Duration(&c.window, "receipts-batch-window", "RECEIPTS_BATCH_WINDOW", receiver.DefaultWindow, 0, time.Second, "how long a write waits for more receipts to share its transaction")
+	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", ":9103", "address for /metrics, /healthz and /readyz; empty disables")
+	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
+	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
+	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
+	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", service.DefaultShutdownTimeout, time.Second, time.Hour, "bound on a graceful shutdown")
+	s.Check(func() error {
+		switch {
+		case c.secret == "" && c.twilioToken == "":
+			return errors.New("-sms-webhook-secret / SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN) is required: nothing could verify a receipt")
+		case c.secret != "" && len(c.secret) < 16:
+			return errors.New("-sms-webhook-secret / SMS_WEBHOOK_SECRET must be at least 16 bytes")
+		case c.previousSecret != "" && c.secret == "":
+			return errors.New("-sms-webhook-secret-previous / SMS_WEBHOOK_SECRET_PREVIOUS is set without SMS_WEBHOOK_SECRET")
+		case c.previousSecret != "" && len(c.previousSecret) < 16:
+			return errors.New("-sms-webhook-secret-previous / SMS_WEBHOOK_SECRET_PREVIOUS must be at least 16 bytes")
+		case c.twilioToken != "" && c.publicURL == "":
+			return errors.New("-receipts-public-url / RECEIPTS_PUBLIC_URL is required with TWILIO_AUTH_TOKEN: Twilio signs the URL it calls")
+		case (c.tlsCert == "") != (c.tlsKey == ""):
+			return errors.New("RECEIPTS_TLS_CERT and RECEIPTS_TLS_KEY go together")
+		}
+		return nil
+	})
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var c config
+	s := envflag.New("receiver", getenv, stderr)
+	bind(s, &c)
+	root, code := service.Parse("receiver", s, args[1:], &c.Settings, stderr)
+	if root == nil {
+		return code
+	}
+	log := root.With("component", "receiver")
+	if err := serve(ctx, c, root, log, stdout); err != nil {
+		log.Error("receiver failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writer) error {
+	tel, err := service.StartTelemetryWithoutNATS(c.HTTPAddr, log)
+	if err != nil {
+		return err
+	}
+	defer tel.Stop()
+	pool, err := service.OpenDatabase(ctx, c.DatabaseURL, service.Options{Telemetry: tel, Name: "sendonce-receiver", MinConns: 2}, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("receiver stopped before it started", "err", err)
+			return nil
+		}
+		return err
+	}
+	defer pool.Close()
+	var secrets [][]byte
+	for _, sec := range []string{c.secret, c.previousSecret} {
+		if sec != "" {
+			secrets = append(secrets, []byte(sec))
+		}
+	}
+	rv, err := receiver.New(receiver.Config{
+		Pool: pool, Secrets: secrets, TwilioToken: c.twilioToken, PublicURL: c.publicURL,
+		Window: c.window, DBTimeout: c.DBTimeout, Logger: root, Registerer: tel.Registry,
+	})
+	if err != nil {
+		return err
+	}
+	tel.SetReady(rv.Ready)
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return fmt.Errorf("RECEIPTS_ADDR: %w", err)
+	}
+	scheme := "http"
+	if c.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("RECEIPTS_TLS_CERT/RECEIPTS_TLS_KEY: %w", err)
+		}
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		scheme = "https"
+	}
+	log.Info("receiver started", "addr", ln.Addr().String(), "generic", len(secrets) > 0, "twilio", c.twilioToken != "",
+		"tls", c.tlsCert != "", "batch_window", c.window.String())
+	if _, err := fmt.Fprintf(stdout, "%s%s://%s\n", Announcement, scheme, ln.Addr()); err != nil {
+		ln.Close()
+		return err
+	}
+	if err := rv.Serve(ctx, ln, c.ShutdownTimeout); err != nil {
+		return err
+	}
+	log.Info("receiver stopped")
+	return nil
+}

@@ -1,0 +1,67 @@
+package receiver
+
+import (
+	"fmt"
+	"net/url"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// results are the values of sendonce_receipts_total's result label.
+var results = []string{
+	"applied", "settled_unknown", "unchanged", "unknown_reference", "contradicted", "ignored",
+	"forged", "stale", "malformed", "oversize", "error",
+}
+
+type metrics struct {
+	receipts     *prometheus.CounterVec
+	commits      prometheus.Counter
+	writeErrors  prometheus.Counter
+	batch        prometheus.Histogram
+	writeSeconds prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		receipts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_receipts_total",
+			Help: "Receipts received, by source (generic, twilio) and result: applied (moved the row), settled_unknown (moved an unknown row), unchanged (repeated or older news), unknown_reference, contradicted (a receipt for a row recorded dead), ignored (a status with nothing to learn), forged, stale, malformed, oversize, error (not written; answered 503).",
+		}, []string{"source", "result"}),
+		commits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_receipt_commits_total",
+			Help: "Transactions that wrote receipts: receipts written together share one.",
+		}),
+		writeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_receipt_write_errors_total",
+			Help: "Receipt batches whose write failed (tried again until the write deadline).",
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sendonce_receipt_batch_size",
+			Help:    "Receipts written per transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		writeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sendonce_receipt_write_seconds",
+			Help:    "Wall time of one batch's write, from its first try to its commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+	}
+	for _, s := range []string{"generic", "twilio"} {
+		for _, r := range results {
+			m.receipts.WithLabelValues(s, r)
+		}
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.receipts, m.commits, m.writeErrors, m.batch, m.writeSeconds} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("receiver: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) count(source, result string) { m.receipts.WithLabelValues(source, result).Inc() }
+
+// parseForm parses a form-encoded body.
+func parseForm(body []byte) (url.Values, error) { return url.ParseQuery(string(body)) }
