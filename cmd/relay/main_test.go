@@ -96,7 +96,7 @@ func TestUnknownCommandNamesTheCommands(t *testing.T) {
 func TestUnreachableDatabaseNamesTheSetting(t *testing.T) {
 	t.Parallel()
 	var out, errOut testkit.Buffer
-	env := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", "HTTP_ADDR": ""}
+	env := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", "HTTP_ADDR": "127.0.0.1:0"}
 	if code := run(context.Background(), []string{"relay"}, testkit.EnvMap(env), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_URL") {
 		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
@@ -248,7 +248,7 @@ func TestRefusesASchemaOlderThanItNeeds(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	migrateTo(t, url, 5)
 	migs, _ := migrate.Load(sendonce.Migrations, "migrations")
-	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": ""}
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "127.0.0.1:0"}
 	var out, errOut testkit.Buffer
 	code := run(context.Background(), []string{"relay"}, testkit.EnvMap(env), &out, &errOut)
 	want := fmt.Sprintf("found version 5, need version %d", migrate.Latest(migs))

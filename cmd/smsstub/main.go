@@ -25,6 +25,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
@@ -42,6 +43,8 @@ type options struct {
 	logLevel        string
 	shutdownTimeout time.Duration
 	seed            int
+	receiptsSecret  string
+	undelivered     string
 	cfg             smsstub.Config
 }
 
@@ -65,6 +68,15 @@ func bind(s *envflag.Set, o *options) {
 	s.Float(&f.WithholdRate, "withhold-rate", "STUB_WITHHOLD_RATE", 0, 0, 1, "probability that an accepted message's response is withheld")
 	s.Enum(&f.WithholdMode, "withhold-mode", "STUB_WITHHOLD_MODE", smsstub.WithholdHang, []string{smsstub.WithholdHang, smsstub.WithholdClose},
 		"how a response is withheld: hang until the client gives up, or close the connection")
+	s.Float(&f.DropRate, "drop-rate", "STUB_DROP_RATE", 0, 0, 1, "probability that a request is lost before it is taken (connection closed, nothing sent)")
+	s.Float(&f.LookupFailRate, "lookup-fail-rate", "STUB_LOOKUP_FAIL_RATE", 0, 0, 1, "probability that a lookup (GET /v1/messages?reference=) fails with 500")
+	r := &o.cfg.Receipts
+	s.Secret(&o.receiptsSecret, "receipts-secret", "SMS_WEBHOOK_SECRET", "secret that signs delivery receipts (Sendonce-Signature) sent to each request's callback_url; empty sends none")
+	s.Duration(&r.Delay, "receipt-delay", "STUB_RECEIPT_DELAY", smsstub.DefaultReceiptDelay, time.Millisecond, time.Hour, "time from acceptance to the message's fate (its receipt, and what a lookup shows)")
+	s.Duration(&r.Jitter, "receipt-jitter", "STUB_RECEIPT_JITTER", 0, 0, time.Hour, "upper bound of a uniform extra delay of the fate")
+	s.Float(&r.DuplicateRate, "receipt-duplicate-rate", "STUB_RECEIPT_DUPLICATE_RATE", 0, 0, 1, "probability that a receipt is sent twice")
+	s.Float(&r.ReorderRate, "receipt-reorder-rate", "STUB_RECEIPT_REORDER_RATE", 0, 0, 1, "probability that an older accepted receipt follows the final one")
+	s.String(&o.undelivered, "undelivered-suffixes", "STUB_UNDELIVERED_SUFFIXES", "", "comma-separated number endings whose messages end undelivered (code 30003)")
 	s.Int(&o.seed, "seed", "STUB_SEED", 0, math.MinInt, math.MaxInt, "random seed for reproducible faults; 0 seeds randomly")
 	s.Enum(&o.logFormat, "log-format", "STUB_LOG_FORMAT", "json", []string{"json", "text"}, "log format on stderr")
 	s.Enum(&o.logLevel, "log-level", "STUB_LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level (debug logs every request)")
@@ -85,6 +97,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 2
 	}
 	opts.cfg.Seed = int64(opts.seed)
+	if opts.receiptsSecret != "" {
+		opts.cfg.Receipts.Secret = []byte(opts.receiptsSecret)
+	}
+	for _, suf := range strings.Split(opts.undelivered, ",") {
+		if suf = strings.TrimSpace(suf); suf != "" {
+			opts.cfg.Receipts.UndeliveredSuffixes = append(opts.cfg.Receipts.UndeliveredSuffixes, suf)
+		}
+	}
 	logger, err := telemetry.NewLogger(stderr, opts.logFormat, opts.logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "smsstub: %v\n", err)
@@ -125,7 +145,8 @@ func serve(ctx context.Context, opts options, logger *slog.Logger, stdout io.Wri
 		"addr", ln.Addr().String(), "auth", opts.cfg.APIKey != "", "ignore_keys", opts.cfg.IgnoreKeys,
 		"retention", opts.cfg.Retention.String(), "fail_rate", f.FailRate, "rate_limit_rate", f.RateLimitRate,
 		"withhold_rate", f.WithholdRate, "withhold_mode", f.WithholdMode,
-		"latency", f.Latency.String(), "latency_jitter", f.LatencyJitter.String())
+		"latency", f.Latency.String(), "latency_jitter", f.LatencyJitter.String(), "drop_rate", f.DropRate,
+		"receipts", len(opts.cfg.Receipts.Secret) > 0, "undelivered_suffixes", len(opts.cfg.Receipts.UndeliveredSuffixes))
 	if _, err := fmt.Fprintf(stdout, "%shttp://%s\n", smsstub.Announcement, ln.Addr()); err != nil {
 		_ = srv.Close()
 		<-served

@@ -62,6 +62,9 @@ type Config struct {
 	// Faults is the initial fault injection; see SetFaults to change it at
 	// run time.
 	Faults
+	// Receipts configures the delivery receipts sent to each request's
+	// callback_url, and the fate lookups show; the zero value sends none.
+	Receipts Receipts
 
 	// Rand, when non-nil, is the random source for fault decisions and
 	// latency jitter; it is only used with the Server's lock held, so it need
@@ -148,6 +151,13 @@ type Faults struct {
 	// WithholdMode is WithholdHang or WithholdClose; empty means
 	// WithholdHang.
 	WithholdMode string
+	// DropRate is the probability that a request is lost before the stub
+	// takes it: the connection is closed without an answer and nothing is
+	// delivered. Default 0.
+	DropRate float64
+	// LookupFailRate is the probability that a lookup (GET /v1/messages)
+	// fails with 500. Default 0.
+	LookupFailRate float64
 }
 
 // normalized returns f with defaults applied, or an error naming the first
@@ -160,6 +170,8 @@ func (f Faults) normalized() (Faults, error) {
 		{"FailRate", f.FailRate},
 		{"RateLimitRate", f.RateLimitRate},
 		{"WithholdRate", f.WithholdRate},
+		{"DropRate", f.DropRate},
+		{"LookupFailRate", f.LookupFailRate},
 	} {
 		// Written as a negated range check so that NaN is rejected too.
 		if !(r.v >= 0 && r.v <= 1) {
@@ -219,6 +231,8 @@ type faultsJSON struct {
 	LatencyJitter jsonDuration `json:"latency_jitter"`
 	WithholdRate  float64      `json:"withhold_rate"`
 	WithholdMode  string       `json:"withhold_mode"`
+	DropRate      float64      `json:"drop_rate"`
+	LookupFail    float64      `json:"lookup_fail_rate"`
 }
 
 // MarshalJSON encodes f with snake_case names and duration strings.
@@ -235,6 +249,8 @@ func (f Faults) MarshalJSON() ([]byte, error) {
 		LatencyJitter: jsonDuration(f.LatencyJitter),
 		WithholdRate:  f.WithholdRate,
 		WithholdMode:  f.WithholdMode,
+		DropRate:      f.DropRate,
+		LookupFail:    f.LookupFailRate,
 	})
 }
 
@@ -248,17 +264,19 @@ func (f *Faults) UnmarshalJSON(data []byte) error {
 		return fmt.Errorf("decode faults: %w", err)
 	}
 	*f = Faults{
-		FailRate:      w.FailRate,
-		FailStatus:    w.FailStatus,
-		FailCode:      w.FailCode,
-		RateLimitRate: w.RateLimitRate,
-		RetryAfter:    time.Duration(w.RetryAfter),
-		RateLimit:     w.RateLimit,
-		RateBurst:     w.RateBurst,
-		Latency:       time.Duration(w.Latency),
-		LatencyJitter: time.Duration(w.LatencyJitter),
-		WithholdRate:  w.WithholdRate,
-		WithholdMode:  w.WithholdMode,
+		FailRate:       w.FailRate,
+		FailStatus:     w.FailStatus,
+		FailCode:       w.FailCode,
+		RateLimitRate:  w.RateLimitRate,
+		RetryAfter:     time.Duration(w.RetryAfter),
+		RateLimit:      w.RateLimit,
+		RateBurst:      w.RateBurst,
+		Latency:        time.Duration(w.Latency),
+		LatencyJitter:  time.Duration(w.LatencyJitter),
+		WithholdRate:   w.WithholdRate,
+		WithholdMode:   w.WithholdMode,
+		DropRate:       w.DropRate,
+		LookupFailRate: w.LookupFail,
 	}
 	return nil
 }

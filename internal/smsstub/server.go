@@ -91,6 +91,16 @@ type Stats struct {
 	Withheld int64 `json:"withheld"`
 	// Keys is the number of distinct idempotency keys seen.
 	Keys int64 `json:"keys"`
+	// Dropped counts requests lost before they were taken (DropRate).
+	Dropped int64 `json:"dropped"`
+	// Lookups and LookupFailures count GET /v1/messages and its injected
+	// failures.
+	Lookups        int64 `json:"lookups"`
+	LookupFailures int64 `json:"lookup_failures"`
+	// ReceiptsSent counts receipts answered 2xx; ReceiptFailures the tries
+	// that were not.
+	ReceiptsSent    int64 `json:"receipts_sent"`
+	ReceiptFailures int64 `json:"receipt_failures"`
 }
 
 // Server is the stub. Its methods are safe for concurrent use.
@@ -121,6 +131,13 @@ type Server struct {
 	expiryHead int
 	records    map[string]*Delivery
 	stats      Stats
+	// receipts is the receipts configuration; byRef the messages accepted
+	// per reference, for lookups.
+	receipts      Receipts
+	byRef         map[string][]*message
+	receiptsWG    sync.WaitGroup
+	closed        bool
+	receiptClient *http.Client
 	// tokens and tokensAt are the RateLimit token bucket (wall clock, not
 	// the retention clock: rates are real time).
 	tokens   float64
@@ -170,6 +187,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("smsstub: %w", err)
 	}
+	receipts, err := cfg.Receipts.normalized()
+	if err != nil {
+		return nil, fmt.Errorf("smsstub: %w", err)
+	}
 	src := cfg.Rand
 	if src == nil {
 		if cfg.Seed != 0 {
@@ -196,12 +217,17 @@ func New(cfg Config) (*Server, error) {
 		rng:        mrand.New(src),
 		entries:    make(map[string]*entry),
 		records:    make(map[string]*Delivery),
+		receipts:   receipts,
+		byRef:      make(map[string][]*message),
+		receiptClient: &http.Client{Timeout: 5 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 	}
 	if cfg.APIKey != "" {
 		s.apiKey = []byte(cfg.APIKey)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", s.handleMessage)
+	mux.HandleFunc("GET /v1/messages", s.handleLookup)
 	mux.HandleFunc("GET /admin/deliveries", s.handleDeliveries)
 	mux.HandleFunc("GET /admin/stats", s.handleStats)
 	mux.HandleFunc("POST /admin/reset", s.handleReset)
@@ -222,9 +248,15 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // waiting out its latency, and makes later ones return at once, so that an
 // http.Server's Shutdown can complete. Withheld requests are released by
 // dropping their connection, never by answering them. The Server keeps
-// serving otherwise. Close always returns nil.
+// serving otherwise, but sends no more receipts: Close waits for those in
+// flight to give up. Close always returns nil.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() { close(s.done) })
+	// No receipt starts once closed is set (under mu, as they start).
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.receiptsWG.Wait()
 	return nil
 }
 
@@ -284,6 +316,7 @@ func (s *Server) Reset() {
 	s.expiry = nil
 	s.expiryHead = 0
 	s.records = make(map[string]*Delivery)
+	s.byRef = make(map[string][]*message)
 	s.stats = Stats{}
 	s.mu.Unlock()
 	s.log.Info("state reset")
@@ -293,6 +326,10 @@ func (s *Server) Reset() {
 type messageRequest struct {
 	To   string `json:"to"`
 	Body string `json:"body"`
+	// Reference is the sender's own id for the message (a lookup finds the
+	// message by it); CallbackURL is where its receipts go.
+	Reference   string `json:"reference,omitempty"`
+	CallbackURL string `json:"callback_url,omitempty"`
 }
 
 // messageResponse is the /v1/messages success body.
@@ -465,7 +502,10 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 	overLimit := f.RateLimit > 0 && !s.takeTokenLocked(f)
 	limited := !overLimit && f.RateLimitRate > 0 && s.rng.Float64() < f.RateLimitRate
 	failed := !overLimit && !limited && f.FailRate > 0 && s.rng.Float64() < f.FailRate
-	withhold := !limited && !failed && f.WithholdRate > 0 && s.rng.Float64() < f.WithholdRate
+	dropped := !overLimit && !limited && !failed && f.DropRate > 0 && s.rng.Float64() < f.DropRate
+	withhold := !limited && !failed && !dropped && f.WithholdRate > 0 && s.rng.Float64() < f.WithholdRate
+	duplicate := s.receipts.DuplicateRate > 0 && s.rng.Float64() < s.receipts.DuplicateRate
+	reorder := s.receipts.ReorderRate > 0 && s.rng.Float64() < s.receipts.ReorderRate
 	s.mu.Unlock()
 
 	if delay > 0 {
@@ -505,6 +545,12 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 		s.logOutcome(ctx, "failed", f.FailStatus, "")
 		writeError(w, f.FailStatus, f.FailCode, "injected failure")
 		return
+	case dropped:
+		// Lost on the way in: nothing taken, no answer.
+		s.settle(key, e, gen, func(st *Stats) { st.Dropped++ })
+		s.logOutcome(ctx, "dropped", 0, "")
+		s.withhold(w, r, WithholdClose)
+		return
 	}
 
 	id := newProviderID()
@@ -518,6 +564,11 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 		s.stats.Deliveries++
 		if withhold {
 			s.stats.Withheld++
+		}
+		m := s.acceptLocked(id, msg)
+		if len(s.receipts.Secret) > 0 && validCallback(msg.CallbackURL) && !s.closed {
+			s.receiptsWG.Add(1)
+			go s.sendReceipts(m, msg.CallbackURL, duplicate, reorder)
 		}
 		if e != nil && s.entries[key] == e {
 			e.stored = true

@@ -1,0 +1,130 @@
+package smsstub
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/receiver"
+	"github.com/sendonce/sendonce/internal/testkit"
+)
+
+var testSecret = []byte("stub-test-secret-0123456789abcd")
+
+// sink is a callback URL that keeps the receipts it verified.
+type sink struct {
+	mu       sync.Mutex
+	receipts []map[string]any
+	forged   int
+	url      string
+}
+
+func newSink(t *testing.T) *sink {
+	k := &sink{}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if receiver.VerifyGeneric([][]byte{testSecret}, r.Header.Get(receiver.HeaderSignature), body, time.Now(), time.Minute) != nil {
+			k.forged++
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		var m map[string]any
+		_ = json.Unmarshal(body, &m)
+		k.receipts = append(k.receipts, m)
+	}))
+	t.Cleanup(ts.Close)
+	k.url = ts.URL
+	return k
+}
+
+func (k *sink) got() []map[string]any {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]map[string]any(nil), k.receipts...)
+}
+
+func lookup(t *testing.T, s *testStub, ref string) (int, lookupResponse) {
+	t.Helper()
+	resp, err := s.client.Get(s.url + "/v1/messages?reference=" + ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out lookupResponse
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+// Accepted messages are found by their reference, queued until their fate
+// is known and then delivered or undelivered (by number); each gets a
+// signed receipt at its callback_url, twice and followed by an older one
+// when asked.
+func TestReceiptsAndLookup(t *testing.T) {
+	t.Parallel()
+	k := newSink(t)
+	s := newStub(t, Config{IgnoreKeys: true, Receipts: Receipts{Secret: testSecret, Delay: 300 * time.Millisecond,
+		DuplicateRate: 1, ReorderRate: 1, UndeliveredSuffixes: []string{"0013"}}})
+	ctx := context.Background()
+	send := func(ref, to string) {
+		body := `{"to":"` + to + `","body":"hi","reference":"` + ref + `","callback_url":"` + k.url + `/v1/receipts/generic"}`
+		if r, err := post(ctx, s.client, s.url, ref, body); err != nil || r.status != 201 {
+			t.Fatalf("post: %v %v", r.status, err)
+		}
+	}
+	send("ref-a", "+15550000001")
+	send("ref-b", "+15550000013")
+	send("ref-b", "+15550000013") // no idempotency: a second message
+	if code, got := lookup(t, s, "ref-a"); code != 200 || len(got.Messages) != 1 || got.Messages[0].Status != "queued" {
+		t.Fatalf("lookup before the fate: %d %+v", code, got)
+	}
+	if _, got := lookup(t, s, "ref-none"); len(got.Messages) != 0 {
+		t.Fatalf("lookup of a reference never sent: %+v", got)
+	}
+	testkit.WaitFor(t, 10*time.Second, "9 receipts", func() bool { return len(k.got()) == 9 })
+	if _, got := lookup(t, s, "ref-b"); len(got.Messages) != 2 || got.Messages[0].Status != "undelivered" {
+		t.Fatalf("lookup after the fate: %+v", got)
+	}
+	byRef := map[string][]string{}
+	for _, r := range k.got() {
+		byRef[r["reference"].(string)] = append(byRef[r["reference"].(string)], r["status"].(string))
+	}
+	if a := byRef["ref-a"]; len(a) != 3 || a[0] != "delivered" || a[1] != "delivered" || a[2] != "accepted" {
+		t.Errorf("receipts of ref-a: %v, want delivered twice then accepted", a)
+	}
+	if b := byRef["ref-b"]; len(b) != 6 || b[0] != "undelivered" {
+		t.Errorf("receipts of ref-b: %v", b)
+	}
+	if st := s.Stats(); st.ReceiptsSent != 9 || st.Lookups != 3 || k.forged != 0 {
+		t.Errorf("stats %+v, forged %d", st, k.forged)
+	}
+}
+
+// Faults of the evidence: a lookup that fails, a request lost before it is
+// taken (nothing delivered, nothing to look up).
+func TestLookupFailureAndDrop(t *testing.T) {
+	t.Parallel()
+	s := newStub(t, Config{IgnoreKeys: true, Faults: Faults{DropRate: 1, LookupFailRate: 1}})
+	ctx := context.Background()
+	if _, err := post(ctx, s.client, s.url, "k", `{"to":"+15550000001","body":"hi","reference":"ref-d"}`); err == nil {
+		t.Fatal("a dropped request got an answer")
+	}
+	if code, _ := lookup(t, s, "ref-d"); code != 500 {
+		t.Fatalf("lookup with LookupFailRate 1: %d, want 500", code)
+	}
+	if err := s.SetFaults(Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	if code, got := lookup(t, s, "ref-d"); code != 200 || len(got.Messages) != 0 {
+		t.Fatalf("lookup of a dropped request: %d %+v, want none", code, got)
+	}
+	if st := s.Stats(); st.Dropped != 1 || st.Deliveries != 0 || st.LookupFailures != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
