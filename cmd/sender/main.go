@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -30,45 +29,21 @@ func main() { proc.Main(run) }
 
 type config struct {
 	service.Settings
-	providerKind   string
-	apiBase        string
-	apiKey         string
-	twilioSID      string
-	twilioToken    string
-	twilioFrom     string
-	twilioService  string
-	apiTimeout     time.Duration
-	allowInsecure  bool
-	idempotent     bool
-	permanentCodes string
-	concurrency    int
-	lease          time.Duration
-	retryBase      time.Duration
-	retryCap       time.Duration
-	rateLimit      float64
-	rateBurst      float64
-	normalShare    float64
-	bulkShare      float64
-	lookup         bool
-	lookupSettle   time.Duration
-	lookupBudget   int
-	receiptsURL    string
+	provider     provider.Settings
+	concurrency  int
+	lease        time.Duration
+	retryBase    time.Duration
+	retryCap     time.Duration
+	rateLimit    float64
+	rateBurst    float64
+	normalShare  float64
+	bulkShare    float64
+	lookupBudget int
 }
 
 func bind(s *envflag.Set, c *config) {
 	service.Bind(s, &c.Settings, ":9102")
-	s.Enum(&c.providerKind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio"}, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md) or twilio (never idempotent)")
-	s.String(&c.apiBase, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com")
-	s.URL(&c.apiBase, "sms-api-base", "http", "https")
-	s.Bool(&c.allowInsecure, "sms-api-allow-insecure", "SMS_API_ALLOW_INSECURE", false, "allow an http:// SMS_API_BASE (development and tests only: the key and the messages would cross the network in clear)")
-	s.Secret(&c.apiKey, "sms-api-key", "SMS_API_KEY", "generic provider API key, sent as a Bearer token")
-	s.String(&c.twilioSID, "twilio-account-sid", "TWILIO_ACCOUNT_SID", "", "twilio: account SID (basic-auth user)")
-	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "twilio: auth token (basic-auth password)")
-	s.String(&c.twilioFrom, "twilio-from", "TWILIO_FROM", "", "twilio: sending number or sender id")
-	s.String(&c.twilioService, "twilio-messaging-service-sid", "TWILIO_MESSAGING_SERVICE_SID", "", "twilio: messaging service SID, instead of TWILIO_FROM")
-	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", 10*time.Second, 10*time.Millisecond, 10*time.Minute, "bound on one provider attempt")
-	s.Bool(&c.idempotent, "sms-api-idempotent", "SMS_API_IDEMPOTENT", true, "the provider honours Idempotency-Key; false turns every ambiguous outcome into status unknown instead of a retry")
-	s.String(&c.permanentCodes, "sms-permanent-codes", "SMS_PERMANENT_CODES", "", "comma-separated provider error codes to treat as permanent, besides 21211,21214,21614,21610,21612")
+	provider.BindSettings(s, &c.provider)
 	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight")
 	s.Duration(&c.lease, "lease", "SENDER_LEASE", 0, 0, time.Hour, "how long a claimed row is held for its attempt (0: 2*SMS_API_TIMEOUT+5s)")
 	s.Duration(&c.retryBase, "retry-base", "RETRY_BASE", 500*time.Millisecond, time.Millisecond, time.Hour, "backoff base: delay ~ U(0, min(cap, base*2^attempt))")
@@ -77,25 +52,8 @@ func bind(s *envflag.Set, c *config) {
 	s.Float(&c.rateBurst, "sms-rate-burst", "SMS_RATE_BURST", 0, 0, 1e6, "provider requests sent at once across all senders after an idle spell (0: SMS_RATE_LIMIT/10, at least 1)")
 	s.Float(&c.normalShare, "normal-min-share", "SENDER_NORMAL_MIN_SHARE", sender.DefaultNormalMinShare, 0, 0.9, "least part of a sender's work the normal lane gets while urgent messages keep coming")
 	s.Float(&c.bulkShare, "bulk-min-share", "SENDER_BULK_MIN_SHARE", sender.DefaultBulkMinShare, 0, 0.9, "least part of a sender's work the bulk lane gets while urgent and normal messages keep coming")
-	s.Bool(&c.lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "at a provider without idempotency, settle an attempt that got no answer by asking the provider whether it has the message (generic: GET BASE/v1/messages?reference=; twilio: the number's messages with the same body), instead of ending it unknown")
-	s.Duration(&c.lookupSettle, "sms-api-lookup-settle", "SMS_API_LOOKUP_SETTLE", sender.DefaultLookupSettle, 0, time.Hour, "wait after an attempt that got no answer before the lookup; assumes a request the provider accepted shows in its lookup within this time")
 	s.Int(&c.lookupBudget, "sms-api-lookup-budget", "SMS_API_LOOKUP_BUDGET", sender.DefaultLookupBudget, 1, 1000, "lookups that may fail (spaced by the backoff) before the message ends unknown")
-	s.String(&c.receiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID)")
-	s.URL(&c.receiptsURL, "receipts-public-url", "http", "https")
 	s.Check(func() error {
-		switch {
-		case c.providerKind == "generic" && c.apiBase == "":
-			return errors.New("-sms-api-base / SMS_API_BASE is required")
-		case c.providerKind == "twilio" && c.twilioSID == "":
-			return errors.New("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with SMS_PROVIDER=twilio")
-		case c.providerKind == "twilio" && c.twilioToken == "":
-			return errors.New("-twilio-auth-token / TWILIO_AUTH_TOKEN is required with SMS_PROVIDER=twilio")
-		case c.providerKind == "twilio" && c.twilioFrom == "" && c.twilioService == "":
-			return errors.New("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with SMS_PROVIDER=twilio")
-		}
-		if strings.HasPrefix(strings.ToLower(c.apiBase), "http://") && !c.allowInsecure {
-			return errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
-		}
 		if c.retryCap < c.retryBase {
 			return fmt.Errorf("-retry-cap / RETRY_CAP (%s) is below -retry-base / RETRY_BASE (%s)", c.retryCap, c.retryBase)
 		}
@@ -105,14 +63,11 @@ func bind(s *envflag.Set, c *config) {
 		if c.rateBurst > 0 && c.rateLimit == 0 {
 			return errors.New("-sms-rate-burst / SMS_RATE_BURST is set without -sms-rate-limit / SMS_RATE_LIMIT")
 		}
-		if c.lease != 0 && c.lease <= c.apiTimeout {
-			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed -sms-api-timeout / SMS_API_TIMEOUT (%s)", c.lease, c.apiTimeout)
+		if timeout := c.provider.Timeout; c.lease != 0 && c.lease <= timeout {
+			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed -sms-api-timeout / SMS_API_TIMEOUT (%s)", c.lease, timeout)
 		}
-		if c.lookup && (c.providerKind == "twilio" || !c.idempotent) && c.lease != 0 && c.lease <= 2*c.apiTimeout {
-			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed twice -sms-api-timeout / SMS_API_TIMEOUT (%s) with SMS_API_LOOKUP: a lookup and the call after it run under one lease", c.lease, c.apiTimeout)
-		}
-		if _, err := parseCodes(c.permanentCodes); err != nil {
-			return fmt.Errorf("-sms-permanent-codes / SMS_PERMANENT_CODES: %w", err)
+		if timeout := c.provider.Timeout; c.provider.LooksUp() && c.lease != 0 && c.lease <= 2*timeout {
+			return fmt.Errorf("-lease / SENDER_LEASE (%s) must exceed twice -sms-api-timeout / SMS_API_TIMEOUT (%s) with SMS_API_LOOKUP: a lookup and the call after it run under one lease", c.lease, timeout)
 		}
 		return nil
 	})
@@ -129,22 +84,6 @@ func flowID() string {
 		return '_'
 	}, host)
 	return fmt.Sprintf("%s_%d_%s", cmp.Or(host, "sender"), os.Getpid(), uuid.NewString()[:8])
-}
-
-func parseCodes(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("%q is not a positive integer", f)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -168,23 +107,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // root goes to the packages, which name their component on it; log is
 // the command's own.
 func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
-	codes, _ := parseCodes(c.permanentCodes)
-	var prov *provider.Client
-	var err error
-	if c.providerKind == "twilio" {
-		prov, err = provider.NewTwilio(provider.TwilioConfig{
-			BaseURL: c.apiBase, AccountSID: c.twilioSID, AuthToken: c.twilioToken, From: c.twilioFrom,
-			MessagingServiceSID: c.twilioService, Timeout: c.apiTimeout, PermanentCodes: codes, MaxConns: c.concurrency,
-			ReceiptsURL: c.receiptsURL, Lookup: c.lookup,
-		})
-	} else {
-		prov, err = provider.New(provider.Config{
-			BaseURL: c.apiBase, APIKey: c.apiKey, Timeout: c.apiTimeout, Idempotent: c.idempotent,
-			PermanentCodes: codes, MaxConns: c.concurrency, ReceiptsURL: c.receiptsURL, Lookup: c.lookup,
-		})
-	}
+	prov, err := c.provider.Client(c.concurrency)
 	if err != nil {
-		return fmt.Errorf("SMS_API_BASE: %w", err)
+		return err
 	}
 
 	tel, err := service.StartTelemetry(c.HTTPAddr, log)
@@ -220,7 +145,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Concurrency: c.concurrency,
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,
-		LookupSettle: c.lookupSettle, LookupBudget: c.lookupBudget, Flow: lim, Logger: root, Registerer: reg,
+		LookupSettle: c.provider.LookupSettle, LookupBudget: c.lookupBudget, Flow: lim, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -230,13 +155,13 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	// allow twice that, and at least a minute.
 	lease := c.lease
 	if lease == 0 {
-		lease = 2*c.apiTimeout + 5*time.Second
+		lease = 2*c.provider.Timeout + 5*time.Second
 	}
 	stall := max(time.Minute, 2*lease)
 	tel.SetReady(func() error { return snd.Ready(stall) })
-	log.Info("sender started", "provider", c.providerKind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
-		"api_timeout", c.apiTimeout.String(), "rate_limit", c.rateLimit,
-		"lookups", prov.CanLookup() && !prov.Idempotent(), "receipts", c.receiptsURL != "")
+	log.Info("sender started", "provider", c.provider.Kind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
+		"api_timeout", c.provider.Timeout.String(), "rate_limit", c.rateLimit,
+		"lookups", prov.CanLookup() && !prov.Idempotent(), "receipts", c.provider.ReceiptsURL != "")
 	// The sender itself gives up on what it holds at the shutdown timeout;
 	// the wait here is the backstop for a drain stuck elsewhere.
 	if err := conns.Run(ctx, c.ShutdownTimeout+5*time.Second, log, snd.Run, lim.Run); err != nil {
