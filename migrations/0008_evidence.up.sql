@@ -73,8 +73,9 @@ GRANT SELECT ON sendonce_schema_migrations TO sendonce_receiver;
 GRANT SELECT (lookup_pending, lookups), UPDATE (lookup_pending, lookups) ON sms_outbox TO sendonce_sender;
 GRANT SELECT (outbox_id), INSERT ON sms_evidence TO sendonce_sender;
 
--- The relay: relay resolve (lookups of unknown rows) and relay trace.
-GRANT SELECT (lookup_pending, lookups), UPDATE (provider_ref, lookup_pending, lookups) ON sms_outbox TO sendonce_relay;
+-- The relay: relay resolve (lookups of unknown rows, by reference: never
+-- the number or the body) and relay trace.
+GRANT SELECT (lookup_pending, lookups), UPDATE (provider_ref, lookup_pending, lookups, maybe_accepted) ON sms_outbox TO sendonce_relay;
 GRANT SELECT, INSERT ON sms_evidence TO sendonce_relay;
 
 -- Applications read the new statuses like the others.

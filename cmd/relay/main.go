@@ -42,7 +42,8 @@ func commands() []command {
 	return []command{
 		{"migrate", "[-down N [-force]]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
 		{"dlq", "list|replay [flags]", "list dead letters, or put dead and unknown rows back to pending", opsCommand("dlq")},
-		{"trace", "ID", "show a row (number masked), its attempts and its dead letters", opsCommand("trace")},
+		{"trace", "ID", "show a row (number masked), its attempts, receipts, lookups and dead letters", opsCommand("trace")},
+		{"resolve", "-id ID | -all [-dry-run]", "look unknown rows up at the provider and settle them", runResolve},
 		{"console", "[user NAME ROLE]", "serve the operator console on CONSOLE_ADDR (or print a users-file line)", runConsole},
 	}
 }

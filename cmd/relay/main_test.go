@@ -185,6 +185,7 @@ func TestSettingsDoc(t *testing.T) {
 	testkit.SettingsDoc(t, "relay", bind)
 	testkit.SettingsDoc(t, "relay migrate", bindMigrate)
 	testkit.SettingsDoc(t, "relay console", bindConsole)
+	testkit.SettingsDoc(t, "relay resolve", bindResolve)
 }
 
 // A row must outlive every message that can name it: the work stream keeps

@@ -24,7 +24,7 @@ const opsUsage = `operator commands:
   relay dlq list   [-reason R] [-since T]                 list dead letters
   relay dlq replay (-id ID | -reason R [-since T]) [-dry-run] [-force]
                                                           put dead or unknown rows back to pending
-  relay trace ID                                          a row, its attempts and its dead letters
+  relay trace ID                                          a row, its attempts, receipts, lookups and dead letters
 T is an RFC 3339 time or a duration back from now (24h). R is permanent,
 max_attempts, ambiguous or invalid. A letter replays its row only while the
 row is still in the state the letter describes (same generation and reason);
@@ -269,6 +269,9 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	if row.MaybeAccepted {
 		fmt.Fprintln(out, "  maybe taken   yes: an attempt may have reached the provider (a lost answer, a 5xx, or a sender that died mid-call)")
 	}
+	if row.LookupPending {
+		fmt.Fprintf(out, "  lookup        pending: the provider is asked about the last attempt before anything else (%d lookups failed)\n", row.Lookups)
+	}
 	if !row.LeaseUntil.IsZero() && (row.Status == outbox.StatusSending || row.Status == outbox.StatusQueued) {
 		fmt.Fprintf(out, "  lease until   %s\n", ts(row.LeaseUntil))
 	}
@@ -286,6 +289,24 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	for _, a := range attempts {
 		fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", a.Number, ts(a.StartedAt), a.Outcome, a.HTTPStatus, a.ProviderCode,
 			a.Latency.Round(time.Microsecond), dash(a.Sender), dash(a.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	evidence, err := outbox.EvidenceOf(ctx, conn, id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "receipts and lookups (%d)\n", len(evidence))
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  RECEIVED\tKIND\tRESULT\tSOURCE\tPROVIDER REF\tCODE\tREPORTED\tDETAIL")
+	for _, e := range evidence {
+		reported := "-"
+		if !e.ReportedAt.IsZero() {
+			reported = ts(e.ReportedAt)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", ts(e.ReceivedAt), e.Kind, e.Result, e.Source, dash(e.ProviderRef),
+			e.Code, reported, dash(e.Detail))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -177,6 +177,10 @@ type Row struct {
 	// LetterSeq is the SMS_DLQ sequence of the row's dead letter, nil while
 	// it is not stored.
 	LetterSeq *int64
+	// LookupPending: the row waits for a lookup of its last attempt;
+	// Lookups counts the lookups that failed.
+	LookupPending bool
+	Lookups       int
 }
 
 // GetRow reads one row for a trace.
@@ -186,9 +190,9 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	var ref, lastErr, reason *string
 	var leaseUntil *time.Time
 	const rest = `attempt_count, max_attempts, publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at,
-		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq`
+		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq, lookup_pending, lookups`
 	dest := []any{&r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt,
-		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq}
+		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq, &r.LookupPending, &r.Lookups}
 	err := q.QueryRow(ctx, `SELECT id, status, to_e164, char_length(body), `+rest+` FROM sms_outbox WHERE id = $1`, id).
 		Scan(append([]any{&r.ID, &r.Status, &to, &r.BodyChars}, dest...)...)
 	var pgErr *pgconn.PgError
