@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/receiver"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
@@ -38,6 +40,7 @@ const testAPIKey = "test-api-key-3f9a1c"
 type env struct {
 	t       *testing.T
 	pool    *pgxpool.Pool
+	url     string // the database's URL
 	nats    *natstest.Server
 	js      jetstream.JetStream
 	stub    *smsstub.Server
@@ -51,7 +54,7 @@ type envOptions struct {
 
 func setup(t *testing.T, opts envOptions) *env {
 	t.Helper()
-	pool, _ := pgtest.NewPool(t)
+	pool, url := pgtest.NewPool(t)
 	srv := natstest.Start(t)
 	srv.EnsureTopology(t)
 	_, js := srv.Connect(t)
@@ -67,7 +70,7 @@ func setup(t *testing.T, opts envOptions) *env {
 		hs.Close()
 		_ = stub.Close()
 	})
-	return &env{t: t, pool: pool, nats: srv, js: js, stub: stub, stubURL: hs.URL, logs: &logSink{t: t}}
+	return &env{t: t, pool: pool, url: url, nats: srv, js: js, stub: stub, stubURL: hs.URL, logs: &logSink{t: t}}
 }
 
 // logSink passes every log line to t.Log and keeps it for the scans that
@@ -139,6 +142,10 @@ type senderOptions struct {
 	// flow, when set, gives the sender a shared flow limiter with this
 	// rate limit (0: no limit, but the provider's pauses are shared).
 	flow *float64
+	// lookup turns lookups on; receipts is the receiver's URL, asked for
+	// receipts.
+	lookup   bool
+	receipts string
 }
 
 func (e *env) startSender(o senderOptions) func() {
@@ -149,7 +156,7 @@ func (e *env) startSender(o senderOptions) func() {
 	}
 	prov, err := provider.New(provider.Config{
 		BaseURL: cmpOr(o.baseURL, e.stubURL), APIKey: testAPIKey,
-		Timeout: cmpOr(o.timeout, 5*time.Second), Idempotent: idem,
+		Timeout: cmpOr(o.timeout, 5*time.Second), Idempotent: idem, Lookup: o.lookup, ReceiptsURL: o.receipts,
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -303,9 +310,9 @@ func (e *env) checkOnce(ids []uuid.UUID, rows map[uuid.UUID]row) {
 		r := rows[id]
 		d := deliveries[id.String()]
 		switch {
-		case r.status == outbox.StatusSent && d.Deliveries != 1:
-			e.t.Errorf("row %s is sent with %d deliveries at the provider, want 1", id, d.Deliveries)
-		case r.status == outbox.StatusSent && r.ref != d.ProviderID:
+		case accepted(r.status) && d.Deliveries != 1:
+			e.t.Errorf("row %s is %s with %d deliveries at the provider, want 1", id, r.status, d.Deliveries)
+		case accepted(r.status) && r.ref != d.ProviderID:
 			e.t.Errorf("row %s: provider_ref %q, stub id %q", id, r.ref, d.ProviderID)
 		case r.status == outbox.StatusDead && d.Deliveries != 0:
 			e.t.Errorf("row %s is dead but the provider delivered it %d times", id, d.Deliveries)
@@ -324,6 +331,31 @@ func (e *env) checkOnce(ids []uuid.UUID, rows map[uuid.UUID]row) {
 			e.t.Errorf("provider saw key %s, which is no row", key)
 		}
 	}
+}
+
+// accepted reports whether status says the provider took the message.
+func accepted(status outbox.State) bool {
+	return status == outbox.StatusSent || status == outbox.StatusDelivered || status == outbox.StatusUndelivered
+}
+
+// testReceiptSecret signs the stub's receipts for the receiver.
+var testReceiptSecret = []byte("e2e-receipt-secret-0123456789abcdef")
+
+// startReceiver runs a receiver, acting as the least-privilege
+// sendonce_receiver role, on a real socket, and returns its base URL.
+func (e *env) startReceiver() string {
+	e.t.Helper()
+	pool := newPool(e.t, pgtest.AsRole(e.t, e.url, "sendonce_receiver"))
+	rv, err := receiver.New(receiver.Config{Pool: pool, Secrets: [][]byte{testReceiptSecret}, Logger: e.logger()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.background("receiver", func(ctx context.Context) error { return rv.Serve(ctx, ln, 5*time.Second) })
+	return "http://" + ln.Addr().String()
 }
 
 // checkLogs asserts I5 on everything the components logged.
