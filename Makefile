@@ -1,7 +1,7 @@
 # sendonce: make demo runs the pipeline end to end; make test runs the suite.
 GO      ?= go
 BIN     := bin
-CMDS    := relay sender smsstub demo soak bench
+CMDS    := relay sender receiver smsstub demo soak bench
 
 .PHONY: build crash-build demo soak bench bench-retention console-bench test docs vet clean fuzz
 

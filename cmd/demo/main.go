@@ -48,12 +48,14 @@ type config struct {
 	timeout      time.Duration
 	keepLogs     bool
 	consoleAddr  string
+	idempotent   bool
+	undelivered  string
 }
 
 func bind(s *envflag.Set, c *config) {
 	s.String(&c.databaseURL, "database-url", "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_demo?sslmode=disable", "Postgres database for the demo (created if missing)")
 	s.String(&c.natsURL, "nats-url", "NATS_URL", "", "NATS server; empty runs an embedded one with JetStream")
-	s.String(&c.binDir, "bin", "DEMO_BIN", "bin", "directory holding the relay, sender and smsstub binaries")
+	s.String(&c.binDir, "bin", "DEMO_BIN", "bin", "directory holding the relay, sender, receiver and smsstub binaries")
 	s.Int(&c.messages, "n", "DEMO_MESSAGES", 1000, 1, 1_000_000, "messages to enqueue")
 	s.Int(&c.senders, "senders", "DEMO_SENDERS", 2, 1, 32, "sender processes")
 	s.Float(&c.failRate, "fail-rate", "DEMO_FAIL_RATE", 0.05, 0, 1, "share of provider requests answered 503")
@@ -62,6 +64,8 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.apiTimeout, "sms-api-timeout", "SMS_API_TIMEOUT", time.Second, 10*time.Millisecond, time.Minute, "senders' bound on one provider attempt")
 	s.Duration(&c.timeout, "timeout", "DEMO_TIMEOUT", 5*time.Minute, time.Second, 24*time.Hour, "give up if the messages are not finished by then")
 	s.Bool(&c.keepLogs, "keep-logs", "DEMO_KEEP_LOGS", false, "keep the processes' log directory")
+	s.Bool(&c.idempotent, "idempotent", "DEMO_IDEMPOTENT", false, "the stub honours Idempotency-Key; false (the default) plays a provider without idempotency, as most are: lost answers are settled by lookups and receipts")
+	s.String(&c.undelivered, "undelivered-suffixes", "DEMO_UNDELIVERED_SUFFIXES", "13,37,99", "number endings the stub reports undelivered (3% of the demo's random numbers)")
 	s.String(&c.consoleAddr, "console-addr", "DEMO_CONSOLE_ADDR", "127.0.0.1:8089", "address of the operator console (relay console) the demo starts, a free port if taken; empty starts none. In a terminal the demo keeps it up after the summary until Ctrl-C")
 }
 
@@ -98,7 +102,7 @@ func (d *demo) run(ctx context.Context) error {
 	if d.logDir, err = os.MkdirTemp("", "sendonce-demo-"); err != nil {
 		return err
 	}
-	if err := proc.Binaries(d.cfg.binDir, "relay", "sender", "smsstub"); err != nil {
+	if err := proc.Binaries(d.cfg.binDir, "relay", "sender", "receiver", "smsstub"); err != nil {
 		return err
 	}
 
@@ -122,24 +126,41 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Fprintf(d.out, "database: migrated %s\n", redact(d.cfg.databaseURL))
 
 	apiKey := "demo-" + uuid.NewString()
-	stubURL, err := d.startStub(ctx, apiKey)
+	// The receipts' secret, shared by the stub (which signs) and the
+	// receiver (which verifies).
+	secret := "demo-" + uuid.NewString()
+	stubURL, err := d.startStub(ctx, apiKey, secret)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "provider: stub at %s (503 for %.0f%% of requests, %.0f%% of messages accepted but never answered, %s latency)\n",
-		stubURL, 100*d.cfg.failRate, 100*d.cfg.withholdRate, d.cfg.latency)
+	kind := "with idempotency keys"
+	if !d.cfg.idempotent {
+		kind = "without idempotency (like Twilio)"
+	}
+	fmt.Fprintf(d.out, "provider: stub at %s, %s (503 for %.0f%% of requests, %.0f%% of messages accepted but never answered, %s latency; receipts signed, numbers ending %s undelivered)\n",
+		stubURL, kind, 100*d.cfg.failRate, 100*d.cfg.withholdRate, d.cfg.latency, d.cfg.undelivered)
+	rp, err := d.start("receiver", "receiver", nil, append(env[:len(env):len(env)], "RECEIPTS_ADDR=127.0.0.1:0", "SMS_WEBHOOK_SECRET="+secret))
+	if err != nil {
+		return err
+	}
+	receiverURL, err := rp.Announced(ctx, "receiver listening on ", 30*time.Second)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "receiver: delivery receipts at %s/v1/receipts/generic\n", receiverURL)
 
 	if _, err := d.start("relay", "relay", nil, env); err != nil {
 		return err
 	}
 	senderEnv := append(env[:len(env):len(env)], "SMS_API_BASE="+stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+apiKey,
-		"SMS_API_TIMEOUT="+d.cfg.apiTimeout.String(), "RETRY_BASE=100ms", "RETRY_CAP=2s")
+		"SMS_API_TIMEOUT="+d.cfg.apiTimeout.String(), "RETRY_BASE=100ms", "RETRY_CAP=2s", "RECEIPTS_PUBLIC_URL="+receiverURL,
+		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", d.cfg.idempotent), "SMS_API_LOOKUP=true", "SMS_API_LOOKUP_SETTLE=1s")
 	for i := range d.cfg.senders {
 		if _, err := d.start(fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintf(d.out, "started:  1 relay, %d senders (logs in %s)\n", d.cfg.senders, d.logDir)
+	fmt.Fprintf(d.out, "started:  1 relay, %d senders, 1 receiver (logs in %s)\n", d.cfg.senders, d.logDir)
 	consoleURL, err := d.startConsole(ctx, env)
 	if err != nil {
 		return err
@@ -236,18 +257,26 @@ func (d *demo) progress(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID
 	deadline := time.Now().Add(d.cfg.timeout)
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
+	// Once every message is finished, the receipts of those still sent
+	// are waited for a while: a receipt the provider never sends must not
+	// hold the demo up.
+	var doneAt time.Time
 	for {
 		counts, err := statusCounts(ctx, pool, ids)
 		if err != nil {
 			return nil, err
 		}
-		finished := counts["sent"] + counts["dead"] + counts["unknown"]
-		fmt.Fprintf(d.out, d.lineStart()+"progress: %6.1fs  pending %-6d queued %-6d sending %-6d sent %-6d dead %-4d unknown %-4d",
-			time.Since(start).Seconds(), counts["pending"], counts["queued"], counts["sending"], counts["sent"], counts["dead"], counts["unknown"])
+		finished := counts["sent"] + counts["delivered"] + counts["undelivered"] + counts["dead"] + counts["unknown"]
+		fmt.Fprintf(d.out, d.lineStart()+"progress: %6.1fs  pending %-6d queued %-6d sending %-6d sent %-6d delivered %-6d undelivered %-4d dead %-4d unknown %-4d",
+			time.Since(start).Seconds(), counts["pending"], counts["queued"], counts["sending"], counts["sent"], counts["delivered"],
+			counts["undelivered"], counts["dead"], counts["unknown"])
 		if !d.terminal() {
 			fmt.Fprintln(d.out)
 		}
-		if finished == len(ids) {
+		if finished == len(ids) && doneAt.IsZero() {
+			doneAt = time.Now()
+		}
+		if finished == len(ids) && (counts["sent"] == 0 || time.Since(doneAt) > 15*time.Second) {
 			if d.terminal() {
 				fmt.Fprintln(d.out)
 			}
@@ -300,13 +329,30 @@ func statusCounts(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (map
 func (d *demo) summary(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, counts map[string]int, stubURL string, wall time.Duration) error {
 	var p50, p99 float64
 	var attempts int
-	err := pool.QueryRow(ctx, `SELECT
-			coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)) FILTER (WHERE status = 'sent'), 0),
-			coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)) FILTER (WHERE status = 'sent'), 0),
-			coalesce(sum(attempt_count), 0)
-		FROM sms_outbox WHERE id = ANY($1)`, ids).Scan(&p50, &p99, &attempts)
+	// Commit to the provider's acceptance: the first attempt logged sent,
+	// or the lookup that found the message.
+	err := pool.QueryRow(ctx, `WITH taken AS (
+			SELECT o.id, min(a.started_at + coalesce(a.latency_ms, 0) * interval '1 millisecond') - o.created_at AS took
+			FROM sms_outbox o JOIN sms_attempts a ON a.outbox_id = o.id
+			WHERE o.id = ANY($1) AND (a.outcome = 'sent' OR (a.outcome = 'lookup' AND a.error LIKE '%has the message%'))
+			GROUP BY o.id, o.created_at)
+		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM took)), 0),
+		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM took)), 0),
+		       (SELECT coalesce(sum(attempt_count), 0) FROM sms_outbox WHERE id = ANY($1))
+		FROM taken`, ids).Scan(&p50, &p99, &attempts)
 	if err != nil {
 		return fmt.Errorf("latency: %w", err)
+	}
+	// Rows an attempt of which got no answer: without evidence each would
+	// have ended unknown.
+	var settled, receipts, lookups int
+	err = pool.QueryRow(ctx, `SELECT
+			(SELECT count(DISTINCT a.outbox_id) FROM sms_attempts a JOIN sms_outbox o ON o.id = a.outbox_id
+			 WHERE a.outbox_id = ANY($1) AND a.outcome = 'ambiguous' AND o.status IN ('sent', 'delivered', 'undelivered', 'dead')),
+			(SELECT count(*) FROM sms_evidence WHERE outbox_id = ANY($1) AND kind = 'receipt'),
+			(SELECT count(*) FROM sms_evidence WHERE outbox_id = ANY($1) AND kind = 'lookup')`, ids).Scan(&settled, &receipts, &lookups)
+	if err != nil {
+		return fmt.Errorf("evidence: %w", err)
 	}
 	deliveries, err := smsstub.FetchDeliveries(ctx, stubURL)
 	if err != nil {
@@ -329,16 +375,17 @@ func (d *demo) summary(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID,
 	if perKey[1] != len(ids) {
 		perKeyText = fmt.Sprintf("%d keys with 1, %d with 0, %d with more", perKey[1], perKey[0], dups)
 	}
-	fmt.Fprintf(d.out, "provider: %d requests, %d injected 503s, %d responses withheld after accepting, %d replays of a stored answer\n",
-		stats.Requests, stats.Failures, stats.Withheld, stats.Replays)
-	fmt.Fprintf(d.out, "summary:  %d messages: sent %d, dead %d, unknown %d; deliveries at the provider per key: %s (duplicates %d); attempts %d; commit-to-sent p50 %s p99 %s; wall %s\n",
-		len(ids), counts["sent"], counts["dead"], counts["unknown"], perKeyText, dups, attempts,
-		secs(p50), secs(p99), wall.Round(time.Millisecond))
+	fmt.Fprintf(d.out, "provider: %d requests, %d injected 503s, %d responses withheld after accepting, %d replays of a stored answer, %d lookups, %d receipts sent\n",
+		stats.Requests, stats.Failures, stats.Withheld, stats.Replays, stats.Lookups, stats.ReceiptsSent)
+	taken := counts["sent"] + counts["delivered"] + counts["undelivered"]
+	fmt.Fprintf(d.out, "summary:  %d messages: delivered %d, undelivered %d, sent (no receipt yet) %d, dead %d, unknown %d; unknown settled by evidence: %d (%d receipts, %d lookups recorded); deliveries at the provider per key: %s (duplicates %d); attempts %d; commit-to-accepted p50 %s p99 %s; wall %s\n",
+		len(ids), counts["delivered"], counts["undelivered"], counts["sent"], counts["dead"], counts["unknown"], settled, receipts, lookups,
+		perKeyText, dups, attempts, secs(p50), secs(p99), wall.Round(time.Millisecond))
 	if dups > 0 {
 		return fmt.Errorf("%d messages were delivered more than once", dups)
 	}
-	if counts["sent"] != perKey[1] {
-		return fmt.Errorf("%d rows sent but %d keys delivered once", counts["sent"], perKey[1])
+	if taken != perKey[1] {
+		return fmt.Errorf("%d rows taken by the provider but %d keys delivered once", taken, perKey[1])
 	}
 	return nil
 }
@@ -349,11 +396,13 @@ func secs(s float64) string {
 
 // startStub starts the provider stub on a free port and returns its URL,
 // read from the line it prints once listening.
-func (d *demo) startStub(ctx context.Context, apiKey string) (string, error) {
+func (d *demo) startStub(ctx context.Context, apiKey, secret string) (string, error) {
 	args := []string{"-addr", "127.0.0.1:0",
 		"-fail-rate", fmt.Sprint(d.cfg.failRate), "-fail-status", "503",
-		"-withhold-rate", fmt.Sprint(d.cfg.withholdRate), "-latency", d.cfg.latency.String()}
-	p, err := d.start("smsstub", "smsstub", args, []string{"SMS_API_KEY=" + apiKey})
+		"-withhold-rate", fmt.Sprint(d.cfg.withholdRate), "-latency", d.cfg.latency.String(),
+		"-ignore-keys=" + fmt.Sprint(!d.cfg.idempotent), "-undelivered-suffixes", d.cfg.undelivered,
+		"-receipt-delay", "200ms", "-receipt-jitter", "1s", "-receipt-duplicate-rate", "0.05", "-receipt-reorder-rate", "0.05"}
+	p, err := d.start("smsstub", "smsstub", args, []string{"SMS_API_KEY=" + apiKey, "SMS_WEBHOOK_SECRET=" + secret})
 	if err != nil {
 		return "", err
 	}

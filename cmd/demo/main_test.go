@@ -21,7 +21,7 @@ import (
 func TestDemoRunsTheBinaries(t *testing.T) {
 	t.Parallel()
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/", "../relay", "../sender", "../smsstub")
+	build := exec.Command("go", "build", "-o", bin+"/", "../relay", "../sender", "../receiver", "../smsstub")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
@@ -48,7 +48,8 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 		t.Fatalf("demo exit %d: %s", code, errOut.String())
 	}
 	s := out.String()
-	for _, want := range []string{"console:  http://127.0.0.1:", "(log in as demo, password ", "summary:  300 messages: sent 300", "per key: all 1 (duplicates 0)", "commit-to-sent p50"} {
+	for _, want := range []string{"console:  http://127.0.0.1:", "(log in as demo, password ", "summary:  300 messages: delivered ",
+		"sent (no receipt yet) 0, dead 0, unknown 0; unknown settled by evidence: ", "per key: all 1 (duplicates 0)", "commit-to-accepted p50"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("summary lacks %q", want)
 		}
