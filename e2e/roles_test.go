@@ -34,6 +34,7 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	appPool := asRole(t, dbURL, "sendonce_app")
 	relayPool := asRole(t, dbURL, "sendonce_relay")
 	senderPool := asRole(t, dbURL, "sendonce_sender")
+	receiverPool := asRole(t, dbURL, "sendonce_receiver")
 
 	relayEnv := *e
 	relayEnv.pool = relayPool
@@ -115,6 +116,18 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	if err != nil || len(claims) != 1 || claims[0].Result != outbox.Claimed {
 		t.Fatalf("the sender role cannot claim again: %+v, %v", claims, err)
 	}
+	// A lookup that failed, as the sender: the lookup stays pending, the
+	// evidence is recorded.
+	writeAs("a failed lookup", outbox.Result{ID: retried, Status: outbox.StatusQueued, Error: "lookup failed", RetryIn: time.Second,
+		Token: claims[0].Token, MaybeAccepted: true, Refund: true, LookupPending: true, LookupFailed: true, NotAccepted: false,
+		Lookup: &outbox.Evidence{Result: "failed", Detail: "lookup failed: http 500", ReceivedAt: time.Now(), Source: "sender"}})
+	if _, err := relayPool.Exec(ctx, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, retried); err != nil {
+		t.Fatal(err)
+	}
+	claims, err = outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, time.Minute, uuid.New())
+	if err != nil || len(claims) != 1 || !claims[0].LookupPending || claims[0].Lookups != 1 {
+		t.Fatalf("the sender role's claim after a failed lookup: %+v, %v", claims, err)
+	}
 	writeAs("an unknown outcome", outbox.Result{ID: retried, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "x", Token: claims[0].Token})
 	if err := outbox.MarkLettered(ctx, senderPool, []outbox.Lettered{{ID: retried, Seq: 1}}); err != nil {
 		t.Errorf("the sender role cannot record a dead letter: %v", err)
@@ -150,7 +163,16 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 		{appPool, "app", `DELETE FROM sms_outbox`},
 		{relayPool, "relay", `SELECT to_e164 FROM sms_outbox LIMIT 1`},
 		{relayPool, "relay", `SELECT body FROM sms_outbox LIMIT 1`},
-		{relayPool, "relay", `UPDATE sms_outbox SET provider_ref = 'x'`},
+		{relayPool, "relay", `UPDATE sms_outbox SET body = 'x'`},
+		{relayPool, "relay", `DELETE FROM sms_evidence`},
+		{receiverPool, "receiver", `SELECT to_e164 FROM sms_outbox LIMIT 1`},
+		{receiverPool, "receiver", `SELECT body FROM sms_outbox LIMIT 1`},
+		{receiverPool, "receiver", `UPDATE sms_outbox SET attempt_count = 0`},
+		{receiverPool, "receiver", `UPDATE sms_outbox SET publish_gen = 0`},
+		{receiverPool, "receiver", `DELETE FROM sms_outbox`},
+		{receiverPool, "receiver", `DELETE FROM sms_evidence`},
+		{receiverPool, "receiver", `SELECT * FROM sms_attempts LIMIT 1`},
+		{receiverPool, "receiver", `INSERT INTO sms_outbox (id, to_e164, body) VALUES (gen_random_uuid(), '+15550000000', 'x')`},
 		{relayPool, "relay", `INSERT INTO sms_outbox (id, to_e164, body) VALUES (gen_random_uuid(), '+15550000000', 'x')`},
 		{senderPool, "sender", `DELETE FROM sms_outbox`},
 		{senderPool, "sender", `UPDATE sms_outbox SET body = 'changed'`},

@@ -71,7 +71,7 @@ GRANT SELECT ON sendonce_schema_migrations TO sendonce_receiver;
 
 -- The senders: lookups before a retry.
 GRANT SELECT (lookup_pending, lookups), UPDATE (lookup_pending, lookups) ON sms_outbox TO sendonce_sender;
-GRANT SELECT (outbox_id), INSERT ON sms_evidence TO sendonce_sender;
+GRANT SELECT (outbox_id, kind, received_at), INSERT ON sms_evidence TO sendonce_sender;
 
 -- The relay: relay resolve (lookups of unknown rows, by reference: never
 -- the number or the body) and relay trace.
