@@ -185,7 +185,7 @@ func (c *Cluster) conf(n *Node) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "server_name: %q\nlisten: \"127.0.0.1:%d\"\nhttp: \"127.0.0.1:%d\"\n", n.Name, n.ClientPort, n.HTTPPort)
 	b.WriteString("max_payload: 1MB\n")
-	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  max_memory_store: 256MB\n  max_file_store: 4GB\n", n.storeDir())
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  max_memory_store: 256MB\n  max_file_store: 64GB\n", n.storeDir())
 	if c.cfg.SyncInterval != "" {
 		fmt.Fprintf(&b, "  sync_interval: %s\n", c.cfg.SyncInterval)
 	}

@@ -25,22 +25,18 @@ type KeeperConfig struct {
 	// Ensure recreates a stream or consumer found missing; false only
 	// reports it (NATS_ENSURE_TOPOLOGY=false).
 	Ensure bool
+	// EnsureMore, when set, recreates what else the processes keep on the
+	// broker (the senders' flow bucket) after a recreation of the topology:
+	// what the broker's store lost, it lost together.
+	EnsureMore func(context.Context, jetstream.JetStream) ([]string, error)
 	// Interval between checks; default 5s. A reconnect to the broker
 	// triggers a check at once, whatever the interval.
 	Interval time.Duration
 	// Timeout bounds one check or one recreation; default 10s.
 	Timeout time.Duration
-	// ReadyGrace is how long Ready keeps answering ready after the last
-	// check that found every stream: a stream-leader election (measured
-	// here at about 6s after a SIGKILL of the leader on a 3-node cluster)
-	// answers nothing while it lasts, and a process is not broken for
-	// that. Default 30s.
-	ReadyGrace time.Duration
-	// Logger receives the keeper's logs; default slog.Default().
+	// Logger receives the keeper's logs, as the process's own lines;
+	// default slog.Default().
 	Logger *slog.Logger
-	// Registerer receives sendonce_nats_topology_recreated_total; nil
-	// registers nothing.
-	Registerer prometheus.Registerer
 }
 
 // Keeper watches the topology while a process runs. A broker that lost its
@@ -57,15 +53,13 @@ type Keeper struct {
 	recreated prometheus.Counter
 
 	mu       sync.Mutex
-	lastOK   time.Time // the last check that found everything
-	reported bool      // the current loss was logged (Ensure false)
+	reported bool // the current loss was logged (Ensure false)
 }
 
 // NewKeeper returns a Keeper, or an error naming the bad setting.
 func NewKeeper(cfg KeeperConfig) (*Keeper, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, 5*time.Second)
 	cfg.Timeout = cmp.Or(cfg.Timeout, 10*time.Second)
-	cfg.ReadyGrace = cmp.Or(cfg.ReadyGrace, 30*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -74,27 +68,26 @@ func NewKeeper(cfg KeeperConfig) (*Keeper, error) {
 		return nil, errors.New("streams: KeeperConfig.Topology and JetStream are required")
 	case cfg.Interval < 10*time.Millisecond:
 		return nil, fmt.Errorf("streams: keeper Interval %s is below 10ms", cfg.Interval)
-	case cfg.Timeout <= 0 || cfg.ReadyGrace <= 0:
-		return nil, fmt.Errorf("streams: keeper Timeout %s and ReadyGrace %s must be positive", cfg.Timeout, cfg.ReadyGrace)
+	case cfg.Timeout <= 0:
+		return nil, fmt.Errorf("streams: keeper Timeout %s must be positive", cfg.Timeout)
 	}
 	k := &Keeper{
 		cfg: cfg,
-		log: cfg.Logger.With("component", "topology"),
+		log: cfg.Logger,
 		recreated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_nats_topology_recreated_total",
 			Help: "Times this process found streams or consumers of the topology missing on the broker and recreated them.",
 		}),
-		// The process ensured or verified the topology before it built the
-		// keeper.
-		lastOK: time.Now(),
-	}
-	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(k.recreated); err != nil {
-			return nil, fmt.Errorf("streams: register keeper metrics: %w", err)
-		}
 	}
 	return k, nil
 }
+
+// Describe implements prometheus.Collector: a process registers its keeper
+// for sendonce_nats_topology_recreated_total.
+func (k *Keeper) Describe(ch chan<- *prometheus.Desc) { k.recreated.Describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (k *Keeper) Collect(ch chan<- prometheus.Metric) { k.recreated.Collect(ch) }
 
 // Run checks the topology every Interval, and at once after each reconnect
 // to the broker, until ctx is done; it recreates what is missing when
@@ -142,6 +135,11 @@ func (k *Keeper) Pass(ctx context.Context) bool {
 		return false
 	}
 	changed, err := k.cfg.Topology.Ensure(cctx, k.cfg.JetStream)
+	if err == nil && k.cfg.EnsureMore != nil {
+		var more []string
+		more, err = k.cfg.EnsureMore(cctx, k.cfg.JetStream)
+		changed = append(changed, more...)
+	}
 	if err != nil {
 		k.log.WarnContext(ctx, "nats topology is missing on the broker; recreating it failed, will retry", "missing", missing, "err", err)
 		return false
@@ -155,7 +153,6 @@ func (k *Keeper) Pass(ctx context.Context) bool {
 func (k *Keeper) markOK() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.lastOK = time.Now()
 	k.reported = false
 }
 
@@ -192,27 +189,4 @@ func (k *Keeper) missing(ctx context.Context) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// Ready serves a readiness probe: nil while every stream and consumer is
-// there, or was less than ReadyGrace ago (a leader election, a reconnect, a
-// recreation under way), else why not.
-func (k *Keeper) Ready(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, k.cfg.Timeout)
-	defer cancel()
-	missing, err := k.missing(ctx)
-	if err == nil && len(missing) == 0 {
-		k.markOK()
-		return nil
-	}
-	if err == nil {
-		err = fmt.Errorf("missing on the broker: %v", missing)
-	}
-	k.mu.Lock()
-	since := time.Since(k.lastOK)
-	k.mu.Unlock()
-	if since < k.cfg.ReadyGrace {
-		return nil
-	}
-	return fmt.Errorf("nats topology not confirmed for %s: %w", since.Round(time.Second), err)
 }

@@ -51,11 +51,12 @@ func TestKeeperRecreatesALostStore(t *testing.T) {
 	_, js := srv.Connect(t, natsReconnectForever()...)
 	reg := prometheus.NewRegistry()
 	k, err := streams.NewKeeper(streams.KeeperConfig{
-		Topology: topo, JetStream: js, Ensure: true, Interval: time.Hour, Logger: logger(t), Registerer: reg,
+		Topology: topo, JetStream: js, Ensure: true, Interval: time.Hour, Logger: logger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	reg.MustRegister(k)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- k.Run(ctx) }()
@@ -92,7 +93,7 @@ func TestKeeperRecreatesALostStore(t *testing.T) {
 }
 
 // With NATS_ENSURE_TOPOLOGY=false the keeper only says so, once, at Error
-// level; readiness fails once the grace has run out.
+// level, and recreates nothing.
 func TestKeeperWithoutEnsureReports(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t)
@@ -100,16 +101,15 @@ func TestKeeperWithoutEnsureReports(t *testing.T) {
 	_, js := srv.Connect(t)
 	w := &testWriter{t: t}
 	k, err := streams.NewKeeper(streams.KeeperConfig{
-		Topology: topo, JetStream: js, Ensure: false, ReadyGrace: 300 * time.Millisecond,
-		Logger: slog.New(slog.NewJSONHandler(w, nil)),
+		Topology: topo, JetStream: js, Ensure: false, Logger: slog.New(slog.NewJSONHandler(w, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if !k.Pass(ctx) || k.Ready(ctx) != nil {
-		t.Fatal("not ready with the topology in place")
+	if !k.Pass(ctx) {
+		t.Fatal("Pass did not find the topology in place")
 	}
 	if err := js.DeleteStream(ctx, streams.Stream); err != nil {
 		t.Fatal(err)
@@ -123,9 +123,8 @@ func TestKeeperWithoutEnsureReports(t *testing.T) {
 	if err := topo.Check(ctx, js); err == nil {
 		t.Fatal("the keeper recreated the stream with Ensure false")
 	}
-	waitFor(t, 10*time.Second, "readiness to fail", func() bool { return k.Ready(ctx) != nil })
-	if err := k.Ready(ctx); !strings.Contains(err.Error(), "stream SMS") {
-		t.Fatalf("readiness error %q does not name the stream", err)
+	if !strings.Contains(w.String(), `"stream SMS"`) {
+		t.Fatalf("the error line does not name the stream:\n%s", w.String())
 	}
 }
 

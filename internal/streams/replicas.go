@@ -78,6 +78,26 @@ func (t *Topology) WithReplicas(n int) (*Topology, error) {
 	return out, nil
 }
 
+// ScaleUp raises the replicas of the named stream (one the topology does
+// not declare: a key-value bucket's) to n in place, and never lowers them;
+// it returns "updated (replicas 1 -> 3)", or "" when it had enough.
+func ScaleUp(ctx context.Context, js jetstream.JetStream, name string, n int) (string, error) {
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("stream %s: look up: %w", name, err)
+	}
+	cfg := s.CachedInfo().Config
+	have := max(cfg.Replicas, 1)
+	if have >= n {
+		return "", nil
+	}
+	cfg.Replicas = n
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return "", fmt.Errorf("stream %s: update: %w", name, replicasHint(err, n))
+	}
+	return fmt.Sprintf("updated (replicas %d -> %d)", have, n), nil
+}
+
 // replicas is the number of replicas t asks for (its first stream's).
 func (t *Topology) replicas() int {
 	if len(t.Streams) == 0 {
@@ -97,7 +117,7 @@ func replicasHint(err error, n int) error {
 	case 10074: // replicas > 1 not supported in non-clustered mode
 		return fmt.Errorf("NATS_REPLICAS=%d needs a JetStream cluster, and this server runs alone: %w", n, err)
 	case 10005, 10023: // no suitable peers; insufficient resources
-		return fmt.Errorf("NATS_REPLICAS=%d: the cluster cannot place that many replicas (fewer servers with JetStream, or no room): %w", n, err)
+		return fmt.Errorf("NATS_REPLICAS=%d: the broker cannot place the stream (too few servers with JetStream for the replicas, or too little storage for its max_bytes): %w", n, err)
 	}
 	return err
 }
@@ -205,9 +225,11 @@ func parseVersion(v string) ([3]int, bool) {
 
 // Setup loads the topology of nats/ with the settings' replicas, then
 // ensures it on the server (or, with Ensure false, verifies it and logs each
-// difference in replicas), logging what it changed. It returns the topology
-// for a Keeper.
-func Setup(ctx context.Context, js jetstream.JetStream, s Settings, log *slog.Logger) (*Topology, error) {
+// difference in replicas), logging what it changed. more, when set and
+// Ensure is, ensures what else the processes keep on the broker (a
+// key-value bucket) and says what it changed. It returns the topology for
+// a Keeper.
+func Setup(ctx context.Context, js jetstream.JetStream, s Settings, log *slog.Logger, more func(context.Context, jetstream.JetStream) ([]string, error)) (*Topology, error) {
 	topo, err := Default()
 	if err != nil {
 		return nil, err
@@ -239,6 +261,17 @@ func Setup(ctx context.Context, js jetstream.JetStream, s Settings, log *slog.Lo
 	})
 	if err != nil {
 		return nil, err
+	}
+	if more != nil {
+		var extra []string
+		err = retryUnanswered(ctx, func(ctx context.Context) (err error) {
+			extra, err = more(ctx, js)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		changed = append(changed, extra...)
 	}
 	for _, c := range changed {
 		log.Info("nats topology", "change", c)
