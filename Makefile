@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 CMDS    := relay sender smsstub demo soak bench
 
-.PHONY: build crash-build demo soak bench bench-retention console-bench test docs vet clean fuzz
+.PHONY: build crash-build demo soak bench bench-retention console-bench test test-cluster docs vet clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
@@ -43,6 +43,12 @@ test:
 # programs' flag definitions (go test fails while they differ).
 docs:
 	SENDONCE_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestSettingsDoc$$' ./cmd/...
+
+# test-cluster: every test on a 3-node JetStream cluster of nats-server
+# processes (leader kills, a rolling restart, a node's store lost); make
+# test runs a representative part of them.
+test-cluster:
+	CLUSTER_TESTS=all $(GO) test -race -count=1 -timeout 30m -run 'Cluster|StoreLoss|LeaderChange|ScalesUp' -v ./e2e/ ./internal/streams/
 
 vet:
 	$(GO) vet ./...
