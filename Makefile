@@ -27,9 +27,12 @@ soak: build crash-build
 # drill: two scripted failures with the binaries' default settings, timed:
 # NATS restarted on an empty store, then a Postgres failover (a streaming
 # standby promoted after the primary crashed). DRILL_ROWS (default 20000).
+# Its database is its own (sendonce_soak_drill), so that a soak running at
+# the same time on the same server is not dropped under it.
 DRILL_ROWS ?= 20000
+DRILL_DB   ?= postgres://postgres@127.0.0.1:5432/sendonce_soak_drill?sslmode=disable
 drill: build
-	./$(BIN)/soak -rows $(DRILL_ROWS) -drill store-loss $(DRILL_ARGS)
+	./$(BIN)/soak -rows $(DRILL_ROWS) -drill store-loss -database-url '$(DRILL_DB)' $(DRILL_ARGS)
 	./$(BIN)/soak -rows $(DRILL_ROWS) -drill pg-failover $(DRILL_ARGS)
 
 bench: build
