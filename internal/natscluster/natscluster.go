@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/testport"
 )
 
@@ -122,10 +123,8 @@ type Node struct {
 
 	dir string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *os.File
+	mu sync.Mutex
+	p  *proc.Process // the current incarnation; nil before the first
 }
 
 // Start writes the nodes' configuration files and starts every node, then
@@ -337,17 +336,7 @@ func (n *Node) Running() bool {
 	return n.runningLocked()
 }
 
-func (n *Node) runningLocked() bool {
-	if n.done == nil {
-		return false
-	}
-	select {
-	case <-n.done:
-		return false
-	default:
-		return true
-	}
-}
+func (n *Node) runningLocked() bool { return n.p != nil && !n.p.Exited() }
 
 // spawn starts the process; the caller waits for it to be ready.
 func (n *Node) spawn() error {
@@ -356,28 +345,15 @@ func (n *Node) spawn() error {
 	if n.runningLocked() {
 		return nil
 	}
-	f, err := os.OpenFile(n.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	// Its own process group: a terminal's Ctrl-C reaches only the parent,
+	// which stops the nodes in order; proc kills it if the parent dies.
+	p, err := proc.Start(proc.Spec{Name: "nats " + n.Name, Path: n.c.cfg.Bin, Args: []string{"-c", n.confPath()},
+		LogFile: n.LogPath(), Group: true})
 	if err != nil {
 		return fmt.Errorf("natscluster: %w", err)
 	}
-	fmt.Fprintf(f, "natscluster: start %s at %s\n", n.Name, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(n.c.cfg.Bin, "-c", n.confPath())
-	cmd.Stdout, cmd.Stderr = f, f
-	// Its own process group (a terminal's Ctrl-C reaches only the parent,
-	// which stops the nodes in order), and killed if the parent dies.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return fmt.Errorf("natscluster: start %s: %w", n.Name, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		f.Close()
-		close(done)
-	}()
-	n.cmd, n.done, n.log = cmd, done, f
-	n.c.cfg.Logf("nats %s started (pid %d)", n.Name, cmd.Process.Pid)
+	n.p = p
+	n.c.cfg.Logf("nats %s started (pid %d)", n.Name, p.Pid())
 	return nil
 }
 
@@ -408,15 +384,15 @@ func (n *Node) Stop(bound time.Duration) error {
 
 func (n *Node) signal(sig syscall.Signal, bound time.Duration) error {
 	n.mu.Lock()
-	cmd, done := n.cmd, n.done
+	p := n.p
 	running := n.runningLocked()
 	n.mu.Unlock()
 	if !running {
 		return nil
 	}
-	_ = cmd.Process.Signal(sig)
+	_ = p.Signal(sig)
 	select {
-	case <-done:
+	case <-p.Done():
 		n.c.cfg.Logf("nats %s stopped by %s", n.Name, sig)
 		return nil
 	case <-time.After(bound):

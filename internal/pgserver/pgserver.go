@@ -18,6 +18,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/proc"
 )
 
 // FindBin returns the directory of the newest installed server binaries
@@ -126,9 +128,8 @@ func BaseBackup(ctx context.Context, bin, host string, fromPort int, dir, name s
 
 func (s *Server) run(ctx context.Context, name string, args ...string) error {
 	argv := append(append(append([]string{}, s.as...), filepath.Join(s.Bin, name)), args...)
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("pgserver: %s: %v\n%s", name, err, out)
+	if _, err := proc.Run(ctx, argv[0], argv[1:], nil); err != nil {
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	return nil
 }
