@@ -183,6 +183,13 @@ func (r *clusterRun) finish(d time.Duration) {
 	}
 	if len(r.nats.Nodes()) > 1 {
 		r.checkOneMessagePerPublication()
+		// Three copies survive one node's loss: a keeper that recreated
+		// the topology would have mistaken an election for a loss.
+		for _, p := range append([]*process{r.relay}, r.senders...) {
+			if strings.Contains(p.logs.String(), "nats topology was missing") {
+				r.t.Errorf("%s recreated the topology on a cluster that never lost it", p.Name())
+			}
+		}
 	}
 	if r.t.Failed() {
 		for _, p := range append([]*process{r.relay}, r.senders...) {
