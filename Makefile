@@ -3,10 +3,11 @@ GO      ?= go
 BIN     := bin
 CMDS    := relay sender receiver smsstub demo soak bench
 
-.PHONY: build crash-build demo soak bench bench-retention console-bench test docs vet clean fuzz
+.PHONY: build crash-build demo soak drill bench bench-retention console-bench test test-cluster docs vet clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 demo: build
 	./$(BIN)/demo
@@ -18,9 +19,21 @@ crash-build:
 	$(GO) build -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub
 
 # soak: rows through 2 relays and 3 senders under random faults; SOAK_ROWS
-# (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it.
+# (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it;
+# SOAK_ARGS="-cluster" runs NATS as a 3-node cluster with leader kills.
 soak: build crash-build
 	./$(BIN)/soak -bin $(CRASH_BIN) $(SOAK_ARGS)
+
+# drill: two scripted failures with the binaries' default settings, timed:
+# NATS restarted on an empty store, then a Postgres failover (a streaming
+# standby promoted after the primary crashed). DRILL_ROWS (default 20000).
+# Its database is its own (sendonce_soak_drill), so that a soak running at
+# the same time on the same server is not dropped under it.
+DRILL_ROWS ?= 20000
+DRILL_DB   ?= postgres://postgres@127.0.0.1:5432/sendonce_soak_drill?sslmode=disable
+drill: build
+	./$(BIN)/soak -rows $(DRILL_ROWS) -drill store-loss -database-url '$(DRILL_DB)' $(DRILL_ARGS)
+	./$(BIN)/soak -rows $(DRILL_ROWS) -drill pg-failover $(DRILL_ARGS)
 
 bench: build
 	./$(BIN)/bench
@@ -43,6 +56,12 @@ test:
 # programs' flag definitions (go test fails while they differ).
 docs:
 	SENDONCE_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestSettingsDoc$$' ./cmd/...
+
+# test-cluster: every test on a 3-node JetStream cluster of nats-server
+# processes (leader kills, a rolling restart, a node's store lost); make
+# test runs a representative part of them.
+test-cluster:
+	CLUSTER_TESTS=all $(GO) test -race -count=1 -timeout 30m -run 'Cluster|StoreLoss|LeaderChange|ScalesUp' -v ./e2e/ ./internal/streams/
 
 vet:
 	$(GO) vet ./...

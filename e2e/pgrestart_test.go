@@ -2,12 +2,7 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -15,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sendonce/sendonce/internal/pgserver"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
@@ -24,83 +20,53 @@ import (
 
 // cluster is a throwaway Postgres server the test owns, so it can restart it.
 type cluster struct {
-	t    *testing.T
-	bin  string
-	data string
-	port int
-	as   []string // runuser prefix when running as root
+	t   *testing.T
+	srv *pgserver.Server
 }
 
-// startCluster runs initdb and pg_ctl (as the postgres user when the test
-// runs as root, since Postgres refuses to run as root). It skips only where
-// no Postgres server binaries exist.
+// startCluster runs initdb and starts the server (as the postgres user when
+// the test runs as root, since Postgres refuses to run as root). It skips
+// only where no Postgres server binaries exist.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(matches) == 0 {
-		if p, err := exec.LookPath("initdb"); err == nil {
-			matches = []string{p}
-		}
+	bin, err := pgserver.FindBin()
+	if err != nil {
+		t.Skip(err)
 	}
-	if len(matches) == 0 {
-		t.Skip("no Postgres server binaries (initdb) on this machine")
-	}
-	c := &cluster{t: t, bin: filepath.Dir(matches[len(matches)-1])}
-	dir, err := os.MkdirTemp("", "sendonce-pg-")
+	dir, err := pgserver.NewDir("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("running as root needs a postgres user to run the server: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-		c.as = []string{"runuser", "-u", "postgres", "--"}
-	}
-	c.data = filepath.Join(dir, "data")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	// A port outside the ephemeral range, so it is still free after restart.
-	c.port = testport.Reserve(t)
-	c.run("initdb", "-D", c.data, "-A", "trust", "-U", "postgres", "--no-sync")
-	c.start()
-	t.Cleanup(func() { c.pgctl("stop", "-m", "immediate") })
-	return c
-}
-
-func (c *cluster) run(name string, args ...string) {
-	c.t.Helper()
-	argv := append(append(append([]string{}, c.as...), filepath.Join(c.bin, name)), args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		c.t.Fatalf("%s: %v\n%s", name, err, out)
+	srv, err := pgserver.Init(ctx, bin, dir, "data", testport.Reserve(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-func (c *cluster) pgctl(args ...string) {
-	c.t.Helper()
-	c.run("pg_ctl", append([]string{"-D", c.data, "-w", "-t", "60"}, args...)...)
-}
-
-func (c *cluster) start() {
-	c.pgctl("start", "-l", filepath.Join(filepath.Dir(c.data), "server.log"),
-		"-o", fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c fsync=off -c max_connections=100", c.port, filepath.Dir(c.data)))
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.StopQuietly)
+	return &cluster{t: t, srv: srv}
 }
 
 // restart stops the server (fast: connections are cut), waits, starts it.
 func (c *cluster) restart(down time.Duration) {
-	c.pgctl("stop", "-m", "fast")
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.srv.Stop(ctx); err != nil {
+		c.t.Fatal(err)
+	}
 	time.Sleep(down)
-	c.start()
+	if err := c.srv.Start(ctx); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
-func (c *cluster) url(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, db)
-}
+func (c *cluster) url(db string) string { return c.srv.URL(db) }
 
 // 11b. A real Postgres restart mid-stream: connections die, the relay and
 // the senders reconnect, and nothing is lost or sent twice.

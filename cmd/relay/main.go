@@ -224,6 +224,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	}
 
 	reg := tel.Registry
+	reg.MustRegister(conns.Keeper)
 	r, err := relay.New(relay.Config{
 		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
 		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.DBTimeout,

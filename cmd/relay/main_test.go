@@ -38,6 +38,9 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"poll interval not a duration", map[string]string{"RELAY_POLL_INTERVAL": "5"}, nil, "RELAY_POLL_INTERVAL"},
 		{"poll interval too short", map[string]string{"RELAY_POLL_INTERVAL": "1ms"}, nil, "RELAY_POLL_INTERVAL"},
 		{"nats url scheme", map[string]string{"NATS_URL": "http://127.0.0.1:4222"}, nil, "NATS_URL"},
+		{"nats seed scheme", map[string]string{"NATS_URL": "nats://127.0.0.1:4222,http://127.0.0.1:4223"}, nil, "NATS_URL"},
+		{"nats replicas even", map[string]string{"NATS_REPLICAS": "2"}, nil, "NATS_REPLICAS"},
+		{"nats replicas too many", map[string]string{"NATS_REPLICAS": "7"}, nil, "NATS_REPLICAS"},
 		{"log format", map[string]string{"LOG_FORMAT": "xml"}, nil, "LOG_FORMAT"},
 		{"bad flag", nil, []string{"-publish-window", "-3"}, "-publish-window"},
 		{"unknown flag", nil, []string{"-bogus"}, "bogus"},
@@ -68,7 +71,8 @@ func TestHelpListsEverySetting(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	for _, env := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "RELAY_BATCH_SIZE", "RELAY_WORKERS", "RELAY_PUBLISH_WINDOW",
-		"RELAY_POLL_INTERVAL", "RELAY_ACK_TIMEOUT", "DB_TIMEOUT", "SHUTDOWN_TIMEOUT", "LOG_FORMAT", "LOG_LEVEL"} {
+		"RELAY_POLL_INTERVAL", "RELAY_ACK_TIMEOUT", "DB_TIMEOUT", "SHUTDOWN_TIMEOUT", "LOG_FORMAT", "LOG_LEVEL",
+		"NATS_REPLICAS", "NATS_ENSURE_TOPOLOGY"} {
 		if !strings.Contains(errOut.String(), env) {
 			t.Errorf("-h does not list %s", env)
 		}
@@ -358,4 +362,36 @@ func TestNotReadyWhenBatchesFail(t *testing.T) {
 	})
 	cancel()
 	<-done
+}
+
+// NATS_REPLICAS against a topology the relay may not change: it warns about
+// each difference at start-up and runs; asked to create three replicas on a
+// single server, it stops naming NATS_REPLICAS.
+func TestReplicasAtStartUp(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewMigrated(t)
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t) // one replica each
+	env := map[string]string{"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": "", "NATS_REPLICAS": "3", "NATS_ENSURE_TOPOLOGY": "false"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	var out, errOut testkit.Buffer
+	go func() { done <- run(ctx, []string{"relay"}, testkit.EnvMap(env), &out, &errOut) }()
+	testkit.WaitFor(t, 30*time.Second, "the relay to start", func() bool { return strings.Contains(errOut.String(), "relay started") })
+	for _, want := range []string{"stream SMS has 1 replica, NATS_REPLICAS=3", "stream SMS_DLQ has 1 replica, NATS_REPLICAS=3", "consumer SMS/senders has 1 replica, NATS_REPLICAS=3"} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("start-up did not report %q: %s", want, errOut.String())
+		}
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+
+	env["NATS_ENSURE_TOPOLOGY"] = "true"
+	var errOut2 testkit.Buffer
+	if code := run(context.Background(), []string{"relay"}, testkit.EnvMap(env), &out, &errOut2); code != 1 || !strings.Contains(errOut2.String(), "NATS_REPLICAS=3 needs a JetStream cluster") {
+		t.Fatalf("exit %d, stderr %q; want exit 1 naming NATS_REPLICAS", code, errOut2.String())
+	}
 }

@@ -131,11 +131,12 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	defer conns.Close()
 
 	reg := tel.Registry
+	reg.MustRegister(conns.Keeper)
 	// The sender reports its demand to the shared limit; the limit gives
 	// the sender its tokens.
 	var snd *sender.Sender
 	lim, err := flow.New(flow.Config{
-		JetStream: conns.JS, Create: c.EnsureTopology, Limit: c.rateLimit, Burst: c.rateBurst,
+		JetStream: conns.JS, Create: c.Topology.Ensure, Replicas: max(c.Topology.Replicas, 1), Limit: c.rateLimit, Burst: c.rateBurst,
 		ID: flowID(), Demand: func() int { return snd.Waiting() }, Logger: root, Registerer: reg,
 	})
 	if err != nil {

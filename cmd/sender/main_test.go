@@ -46,6 +46,7 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"cap below base", map[string]string{"RETRY_BASE": "2s", "RETRY_CAP": "1s"}, nil, "RETRY_CAP"},
 		{"lease below timeout", map[string]string{"SENDER_LEASE": "5s", "SMS_API_TIMEOUT": "10s"}, nil, "SENDER_LEASE"},
 		{"permanent codes", map[string]string{"SMS_PERMANENT_CODES": "21211,abc"}, nil, "SMS_PERMANENT_CODES"},
+		{"nats replicas even", map[string]string{"NATS_REPLICAS": "4"}, nil, "NATS_REPLICAS"},
 		{"key file missing", map[string]string{"SMS_API_KEY_FILE": missing}, nil, "SMS_API_KEY_FILE"},
 		{"key and key file", map[string]string{"SMS_API_KEY": "k", "SMS_API_KEY_FILE": "/dev/null"}, nil, "SMS_API_KEY_FILE"},
 		{"bad flag", nil, []string{"-concurrency", "x"}, "-concurrency"},

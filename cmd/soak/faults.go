@@ -49,6 +49,7 @@ func kindsFor(provider string) []string {
 // faultCounts counts injected faults by kind.
 type faultCounts struct {
 	mu     sync.Mutex
+	kinds  []string // reported, in this order; nil: faultKinds
 	byKind map[string]int
 }
 
@@ -71,13 +72,18 @@ func (f *faultCounts) total() int {
 	return n
 }
 
-// summary is "N (kind n, kind n, ...)" with every kind, in faultKinds order.
+// summary is "N (kind n, kind n, ...)" with every kind, in the order of
+// kinds.
 func (f *faultCounts) summary() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	kinds := f.kinds
+	if kinds == nil {
+		kinds = faultKinds
+	}
 	n := 0
-	parts := make([]string, 0, len(faultKinds))
-	for _, k := range faultKinds {
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
 		n += f.byKind[k]
 		parts = append(parts, fmt.Sprintf("%s %d", k, f.byKind[k]))
 	}
@@ -102,7 +108,7 @@ func (s *soak) faultLoop(ctx context.Context, stop <-chan struct{}) {
 		case <-time.After(gap):
 		}
 		if len(deck) == 0 {
-			deck = append(deck, kindsFor(s.cfg.provider)...)
+			deck = append(deck, s.kinds()...)
 			s.rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
 		kind := deck[0]
@@ -143,6 +149,8 @@ func (s *soak) inject(ctx context.Context, kind string) (string, bool, error) {
 		return s.signalRestart(ctx, s.pick(s.senders), syscall.SIGTERM)
 	case "crashpoint":
 		return s.crashPoint(ctx)
+	case "nats_leader_kill", "nats_consumer_leader_kill", "nats_node_restart", "nats_node_store_loss":
+		return s.clusterFault(ctx, kind)
 	case "broker_restart":
 		pause := s.uniform(time.Second, 5*time.Second)
 		s.broker.stop()

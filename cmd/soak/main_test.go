@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
+	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
 )
@@ -33,6 +35,34 @@ func TestParseConfig(t *testing.T) {
 	_, err = parseConfig([]string{"-database-url", "postgres://postgres@127.0.0.1:5432/app?sslmode=disable"}, getenv, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "soak") {
 		t.Fatalf("a database without soak in its name must be refused, got %v", err)
+	}
+	if c, err = parseConfig([]string{"-cluster", "-drill", "pg-failover"}, getenv, io.Discard); err != nil || !c.cluster || c.drill != "pg-failover" || c.drillAt != 0.4 {
+		t.Fatalf("-cluster -drill: %+v, %v", c, err)
+	}
+	if _, err = parseConfig([]string{"-drill", "flood"}, getenv, io.Discard); err == nil {
+		t.Fatal("an unknown drill was accepted")
+	}
+	// Marked, not built: the failover at a provider without idempotency
+	// waits for lookups at the provider.
+	if _, err = parseConfig([]string{"-drill", "pg-failover", "-provider", "non-idempotent"}, getenv, io.Discard); err == nil || !strings.Contains(err.Error(), "not built yet") {
+		t.Fatalf("-drill pg-failover -provider non-idempotent: %v", err)
+	}
+}
+
+func TestClusterFaultKinds(t *testing.T) {
+	s := &soak{cfg: config{provider: providerIdempotent}}
+	if got := s.kinds(); len(got) != len(faultKinds) {
+		t.Fatalf("single-server kinds = %v", got)
+	}
+	s.cluster = &natscluster.Cluster{}
+	got := s.kinds()
+	for _, k := range got {
+		if k == "broker_restart" {
+			t.Fatal("broker_restart among the cluster's faults")
+		}
+	}
+	if !slices.Contains(got, "nats_leader_kill") || !slices.Contains(got, "nats_node_store_loss") || len(got) != len(faultKinds)-1+len(clusterFaultKinds) {
+		t.Fatalf("cluster kinds = %v", got)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
+	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
@@ -39,7 +40,10 @@ type soak struct {
 	directURL  string // the database, reached directly (set-up, writers, checks)
 	proxiedURL string // the database through dbProxy (relays, senders)
 	pool       *pgxpool.Pool
-	broker     *broker
+	broker     *broker              // the single server (no -cluster)
+	cluster    *natscluster.Cluster // -cluster
+	pg         *pgPair              // -drill pg-failover
+	drill      *drill               // the drill, once it ran
 	dbProxy    *tcpProxy
 	apiProxy   *tcpProxy
 	stub       *stubProc
@@ -104,34 +108,54 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	if err := checkBinaries(s.cfg.binDir); err != nil {
 		return false, err
 	}
-	s.logf("seed %d; rows %d over %s; a fault every %s-%s; %s provider (faults: %s); logs in %s",
-		s.cfg.seed, s.cfg.rows, s.cfg.loadDuration, s.cfg.faultInterval/3, s.cfg.faultInterval, s.cfg.provider,
-		strings.Join(kindsFor(s.cfg.provider), ", "), s.logDir)
+	if s.cfg.drill != "" {
+		s.logf("seed %d; rows %d over %s; drill %s when %.0f%% of the rows are committed; %s provider; logs in %s",
+			s.cfg.seed, s.cfg.rows, s.cfg.loadDuration, s.cfg.drill, 100*s.cfg.drillAt, s.cfg.provider, s.logDir)
+	} else {
+		s.logf("seed %d; rows %d over %s; a fault every %s-%s; %s provider; logs in %s",
+			s.cfg.seed, s.cfg.rows, s.cfg.loadDuration, s.cfg.faultInterval/3, s.cfg.faultInterval, s.cfg.provider, s.logDir)
+	}
 
 	s.directURL = s.cfg.databaseURL
-	if err := recreateDatabase(ctx, s.directURL); err != nil {
-		return false, err
-	}
-	if err := s.migrate(ctx); err != nil {
-		return false, err
+	if s.cfg.drill == "pg-failover" {
+		if err := s.startPGPair(ctx); err != nil {
+			return false, err
+		}
+	} else {
+		if err := recreateDatabase(ctx, s.directURL); err != nil {
+			return false, err
+		}
+		if err := s.migrate(ctx); err != nil {
+			return false, err
+		}
 	}
 	if s.pool, err = newPool(ctx, s.directURL, s.cfg.writers+4); err != nil {
 		return false, err
 	}
 
-	if s.broker, err = startBroker(filepath.Join(s.logDir, "jetstream")); err != nil {
+	if err := s.startNATS(ctx); err != nil {
 		return false, err
 	}
-	pgAddr, err := hostPort(s.directURL, "5432")
-	if err != nil {
-		return false, err
+	s.faults.kinds = s.kinds()
+	if s.cfg.drill != "" {
+		s.faults.kinds = []string{strings.ReplaceAll(s.cfg.drill, "-", "_")}
 	}
-	if s.dbProxy, err = newTCPProxy("postgres", pgAddr); err != nil {
-		return false, err
+	pgDesc := "postgres via the pair's multi-host DSN"
+	if s.pg == nil {
+		pgAddr, err := hostPort(s.directURL, "5432")
+		if err != nil {
+			return false, err
+		}
+		if s.dbProxy, err = newTCPProxy("postgres", pgAddr); err != nil {
+			return false, err
+		}
+		u, _ := url.Parse(s.directURL)
+		u.Host = s.dbProxy.addr()
+		s.proxiedURL = u.String()
+		pgDesc = fmt.Sprintf("postgres %s via proxy %s", pgAddr, s.dbProxy.addr())
+	} else {
+		s.proxiedURL = s.directURL
 	}
-	u, _ := url.Parse(s.directURL)
-	u.Host = s.dbProxy.addr()
-	s.proxiedURL = u.String()
 
 	s.apiKey = "soak-" + uuid.NewString()
 	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey, s.cfg.provider == providerNonIdempotent); err != nil {
@@ -144,11 +168,10 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	if s.apiProxy, err = newTCPProxy("provider", stubAddr); err != nil {
 		return false, err
 	}
-	s.logf("nats %s (store %s); postgres %s via proxy %s; stub %s via proxy %s",
-		s.broker.url(), s.broker.dir, pgAddr, s.dbProxy.addr(), s.stub.url, s.apiProxy.addr())
+	s.logf("%s; %s; stub %s via proxy %s", s.natsDescription(), pgDesc, s.stub.url, s.apiProxy.addr())
 
 	common := []string{
-		"DATABASE_URL=" + s.proxiedURL, "NATS_URL=" + s.broker.url(),
+		"DATABASE_URL=" + s.proxiedURL, "NATS_URL=" + s.natsURL(), fmt.Sprintf("NATS_REPLICAS=%d", s.replicas()),
 		"LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0", "SHUTDOWN_TIMEOUT=10s",
 	}
 	relayEnv := append(common[:len(common):len(common)], "RECONCILE_INTERVAL=2s", "RECONCILE_GRACE=40s")
@@ -156,6 +179,13 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey,
 		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32",
 		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", s.cfg.provider == providerIdempotent))
+	if s.cfg.drill != "" {
+		// A drill times the recovery a deployment that changed nothing
+		// would see: every timing setting at its default.
+		relayEnv = common
+		senderEnv = append(common[:len(common):len(common)],
+			"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey)
+	}
 	for i := range 2 {
 		s.relays = append(s.relays, s.newSlot(fmt.Sprintf("relay-%d", i+1), "relay", relayEnv))
 	}
@@ -171,6 +201,15 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		}
 	}
 	s.logf("started 2 relays and 3 senders")
+	if s.cfg.drill != "" {
+		// A slow provider until the failure, so that a backlog builds:
+		// rows queued in the stream when its store goes, rows sent after
+		// the replication link was cut. Those are the rows only the
+		// reconciler can bring back.
+		if err := s.setStubFaults(ctx, smsstub.Faults{Latency: drillLatency}); err != nil {
+			return false, err
+		}
+	}
 
 	s.watchdogStop, s.watchdogDone = make(chan struct{}), make(chan struct{})
 	go s.watchdog(ctx)
@@ -184,6 +223,10 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	faultsDone := make(chan struct{})
 	go func() {
 		defer close(faultsDone)
+		if s.cfg.drill != "" {
+			s.drillLoop(ctx)
+			return
+		}
 		s.faultLoop(ctx, s.load.done)
 	}()
 	err = <-loadErr
@@ -214,6 +257,9 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		return false, err
 	}
 	fmt.Fprintln(s.stdout, res.line(time.Since(s.start)))
+	if s.drill != nil {
+		fmt.Fprintln(s.stdout, s.drill.line())
+	}
 	if res.failed() {
 		s.diagnose(ctx, res)
 		return true, nil
@@ -230,11 +276,14 @@ func (s *soak) restore(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
+		if p == nil {
+			continue
+		}
 		if err := p.restore(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := s.broker.start(); err != nil {
+	if err := s.restoreNATS(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	for _, sl := range s.slots() {
@@ -255,7 +304,7 @@ func (s *soak) restore(ctx context.Context) error {
 // hold keeps everything running after a failure so that it can be inspected.
 func (s *soak) hold(ctx context.Context) {
 	s.logf("holding for inspection (SIGINT or %s ends it); from another shell:", s.cfg.holdMax)
-	s.logf("  export DATABASE_URL='%s' NATS_URL='%s'", s.directURL, s.broker.url())
+	s.logf("  export DATABASE_URL='%s' NATS_URL='%s'", s.directURL, s.natsURL())
 	s.logf("  %s trace ID", filepath.Join(s.cfg.binDir, "relay"))
 	s.logf("  curl -s %s/admin/deliveries; curl -s %s/admin/stats", s.stub.url, s.stub.url)
 	s.logf("  logs: %s", s.logDir)
@@ -292,8 +341,9 @@ func (s *soak) cleanup(failed bool) {
 	if s.stub != nil {
 		s.stub.stop()
 	}
-	if s.broker != nil {
-		s.broker.stop()
+	s.stopNATS()
+	if s.pg != nil {
+		s.pg.stop(failed || s.cfg.keepLogs, s.logf)
 	}
 	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
 		if p != nil {

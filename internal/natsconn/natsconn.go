@@ -10,7 +10,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,8 +56,7 @@ type Config struct {
 // (or NATS_PASSWORD_FILE), NATS_TOKEN (or NATS_TOKEN_FILE), NATS_NKEY,
 // NATS_CREDS, NATS_CA, NATS_CERT, NATS_KEY, each with a flag.
 func Bind(s *envflag.Set, c *Config) {
-	s.String(&c.URL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL (comma-separated for a cluster)")
-	s.URL(&c.URL, "nats-url", "nats", "tls", "ws", "wss")
+	s.String(&c.URL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL; for a cluster, a comma-separated list of seeds (the client learns the other servers from them)")
 	s.String(&c.User, "nats-user", "NATS_USER", "", "NATS user name")
 	s.Secret(&c.Password, "nats-password", "NATS_PASSWORD", "NATS password")
 	s.Secret(&c.Token, "nats-token", "NATS_TOKEN", "NATS token")
@@ -67,6 +69,9 @@ func Bind(s *envflag.Set, c *Config) {
 }
 
 func (c *Config) validate() error {
+	if _, err := SplitURL(c.URL); err != nil {
+		return fmt.Errorf("-nats-url / NATS_URL: %w", err)
+	}
 	n := 0
 	for _, set := range []bool{c.User != "" || c.Password != "", c.Token != "", c.NKeySeedFile != "", c.CredsFile != ""} {
 		if set {
@@ -90,6 +95,25 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// SplitURL splits a NATS_URL, one URL or a comma-separated list of cluster
+// seeds, and checks each: an absolute nats, tls, ws or wss URL with a host.
+func SplitURL(raw string) ([]string, error) {
+	var out []string
+	for _, part := range strings.Split(raw, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return nil, errors.New("an empty URL in the list")
+		}
+		u, err := url.Parse(part)
+		if err != nil || u.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
+			// The URL may hold a password: say which one by position.
+			return nil, fmt.Errorf("URL %d of %d: want an absolute nats, tls, ws or wss URL", len(out)+1, strings.Count(raw, ",")+1)
+		}
+		out = append(out, part)
+	}
+	return out, nil
 }
 
 // authHint names the settings to check after an authorization failure.

@@ -146,6 +146,8 @@ func TestBindValidates(t *testing.T) {
 		"cert only":     {"NATS_CERT": "/etc/hostname"},
 		"missing creds": {"NATS_CREDS": "/nonexistent/user.creds"},
 		"bad url":       {"NATS_URL": "http://x"},
+		"bad seed":      {"NATS_URL": "nats://127.0.0.1:4222,http://x"},
+		"empty seed":    {"NATS_URL": "nats://127.0.0.1:4222,,nats://127.0.0.1:4223"},
 	}
 	for name, env := range cases {
 		var c natsconn.Config
@@ -154,5 +156,21 @@ func TestBindValidates(t *testing.T) {
 		if err := s.Parse(nil); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// A cluster's seeds are a comma-separated list, spaces allowed.
+func TestBindAcceptsSeeds(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"NATS_URL": "nats://10.0.0.1:4222, nats://10.0.0.2:4222,tls://10.0.0.3:4222"}
+	var c natsconn.Config
+	s := envflag.New("t", func(k string) string { return env[k] }, &strings.Builder{})
+	natsconn.Bind(s, &c)
+	if err := s.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	urls, err := natsconn.SplitURL(c.URL)
+	if err != nil || len(urls) != 3 || urls[1] != "nats://10.0.0.2:4222" {
+		t.Fatalf("SplitURL = %q, %v", urls, err)
 	}
 }

@@ -5,6 +5,7 @@ package natstest
 
 import (
 	"context"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/embednats"
+	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testport"
 )
@@ -56,6 +58,10 @@ func StartWith(t testing.TB, opts func(*server.Options)) *Server {
 
 // URL returns the client URL, stable across restarts.
 func (s *Server) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+
+// StoreDir is the server's JetStream store directory: a test that deletes
+// it while the server is stopped simulates a lost disk.
+func (s *Server) StoreDir() string { return s.dir }
 
 // Port returns the client port.
 func (s *Server) Port() int { return s.port }
@@ -118,4 +124,44 @@ func (s *Server) EnsureTopology(t testing.TB) *streams.Topology {
 		t.Fatalf("natstest: ensure topology: %v", err)
 	}
 	return topo
+}
+
+// StartCluster starts a JetStream cluster of n nats-server processes for t
+// (see natscluster: a node can be killed with SIGKILL and its store wiped),
+// stopped when t ends; each node's log is shown if t fails.
+func StartCluster(t testing.TB, n int) *natscluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin, err := natscluster.BuildCached(ctx)
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	dir := t.TempDir()
+	c, err := natscluster.Start(ctx, natscluster.Config{
+		Bin: bin, Dir: dir, Nodes: n,
+		Port: func() (int, error) { return testport.Reserve(t), nil },
+		Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	t.Cleanup(func() {
+		c.Stop()
+		if t.Failed() {
+			for _, node := range c.Nodes() {
+				if b, err := os.ReadFile(node.LogPath()); err == nil {
+					t.Logf("nats %s log (last 4 KiB):\n%s", node.Name, tail(b, 4096))
+				}
+			}
+		}
+	})
+	return c
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }

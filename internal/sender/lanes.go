@@ -37,6 +37,9 @@ type lanes struct {
 	arrived chan struct{}
 }
 
+// pullHeartbeat is the idle heartbeat the senders ask of each pull.
+const pullHeartbeat = 5 * time.Second
+
 // newLanes opens an iterator on every lane's consumer. Each lane prefetches
 // at most buffer messages from JetStream, and holds as many more.
 func (s *Sender) newLanes(ctx context.Context, buffer int) (*lanes, error) {
@@ -53,7 +56,11 @@ func (s *Sender) newLanes(ctx context.Context, buffer int) (*lanes, error) {
 			s.heartbeat = hb
 		}
 		s.maxDeliver[l.Consumer] = cc.MaxDeliver
-		it, err := cons.Messages(jetstream.PullMaxMessages(buffer))
+		// A pull the server never answered (sent while the consumer was
+		// missing or changing leader) is noticed when heartbeats stop: at
+		// 2x the heartbeat, 30s with the library's 15s, a stall after a
+		// broker's store loss measured here. 5s bounds it at about 10s.
+		it, err := cons.Messages(jetstream.PullMaxMessages(buffer), jetstream.PullHeartbeat(pullHeartbeat))
 		if err != nil {
 			ls.stop()
 			return nil, fmt.Errorf("sender: consume %s: %w", l.Consumer, err)

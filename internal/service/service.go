@@ -39,9 +39,8 @@ type Settings struct {
 	DatabaseURL string
 	// NATS is how to reach NATS (NATS_URL and the auth settings).
 	NATS natsconn.Config
-	// EnsureTopology creates or updates the streams and the consumer at
-	// start-up; false only checks that they exist (NATS_ENSURE_TOPOLOGY).
-	EnsureTopology bool
+	// Topology is NATS_ENSURE_TOPOLOGY and NATS_REPLICAS.
+	Topology streams.Settings
 	// HTTPAddr serves /metrics, /healthz and /readyz; empty disables it.
 	HTTPAddr string
 	// LogFormat is json or text; LogLevel debug, info, warn or error.
@@ -64,7 +63,7 @@ func BindConnections(s *envflag.Set, c *Settings) {
 // which differs between the binaries so they can share a host.
 func Bind(s *envflag.Set, c *Settings, httpAddr string) {
 	BindConnections(s, c)
-	s.Bool(&c.EnsureTopology, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up; false only checks they exist (for credentials without those permissions)")
+	streams.Bind(s, &c.Topology)
 	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "address for /metrics, /healthz and /readyz; empty disables")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
@@ -194,13 +193,17 @@ type Conns struct {
 	NC       *nats.Conn
 	JS       jetstream.JetStream
 	Topology *streams.Topology
+	// Keeper recreates the topology if the broker loses it while the
+	// process runs (Run runs it). Register it for its metric.
+	Keeper *streams.Keeper
 }
 
 // Open connects to Postgres, checks that its schema is at least the version
 // this binary's migrations reach, connects to NATS, waiting for it as long
 // as ctx allows when it is away at start-up (a broker outage is not a crash
-// loop), and ensures (or, with EnsureTopology false, checks) the streams and
-// the consumer. Each step but the wait is bounded by StartTimeout. Errors
+// loop), and ensures (or, with NATS_ENSURE_TOPOLOGY=false, checks) the
+// streams, the consumers and the senders' flow bucket, with NATS_REPLICAS
+// copies each. Each step but the wait is bounded by StartTimeout. Errors
 // name the setting to check.
 func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns, error) {
 	pool, err := OpenDatabase(ctx, c.DatabaseURL, o, log)
@@ -222,7 +225,15 @@ func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns,
 	}
 	topoCtx, cancelTopo := context.WithTimeout(ctx, StartTimeout)
 	defer cancelTopo()
-	if cs.Topology, err = ensure(topoCtx, js, c.EnsureTopology, log); err != nil {
+	more := ensureFlowBucket(max(c.Topology.Replicas, 1))
+	if cs.Topology, err = streams.Setup(topoCtx, js, c.Topology, log, more); err != nil {
+		cs.Close()
+		return nil, err
+	}
+	cs.Keeper, err = streams.NewKeeper(streams.KeeperConfig{
+		Topology: cs.Topology, JetStream: js, Ensure: c.Topology.Ensure, EnsureMore: more, Logger: log,
+	})
+	if err != nil {
 		cs.Close()
 		return nil, err
 	}
@@ -269,34 +280,25 @@ func NATSConfig(c natsconn.Config, o Options, log *slog.Logger) natsconn.Config 
 	return c
 }
 
-func ensure(ctx context.Context, js jetstream.JetStream, create bool, log *slog.Logger) (*streams.Topology, error) {
-	topo, err := streams.Default()
-	if err != nil {
-		return nil, err
-	}
-	if !create {
-		if err := topo.Check(ctx, js); err != nil {
-			return nil, fmt.Errorf("NATS_ENSURE_TOPOLOGY=false: %w", err)
+// ensureFlowBucket makes the senders' shared flow state (rate limit,
+// provider pauses) part of the topology, so that senders without create
+// permissions find it: created with the streams' replicas when missing, an
+// existing one scaled up in place (never down), as the streams are.
+func ensureFlowBucket(replicas int) func(context.Context, jetstream.JetStream) ([]string, error) {
+	return func(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+		created, err := flow.EnsureBucket(ctx, js, replicas)
+		if err != nil || created {
+			if created {
+				return []string{"key-value bucket " + flow.DefaultBucket + " created"}, nil
+			}
+			return nil, err
 		}
-		return topo, nil
+		what, err := streams.ScaleUp(ctx, js, "KV_"+flow.DefaultBucket, replicas)
+		if err != nil || what == "" {
+			return nil, err
+		}
+		return []string{"key-value bucket " + flow.DefaultBucket + " " + what}, nil
 	}
-	changed, err := topo.Ensure(ctx, js)
-	if err != nil {
-		return nil, err
-	}
-	// The senders' shared flow state (rate limit, provider pauses) is part
-	// of the topology, so that senders without create permissions find it.
-	created, err := flow.EnsureBucket(ctx, js, 1)
-	if err != nil {
-		return nil, err
-	}
-	if created {
-		changed = append(changed, "created key-value bucket "+flow.DefaultBucket)
-	}
-	for _, c := range changed {
-		log.Info("nats topology", "change", c)
-	}
-	return topo, nil
 }
 
 // Close closes the connections at once; Run drains NATS first.
@@ -309,6 +311,9 @@ func (c *Conns) Close() {
 // others; after ctx ends the loops have shutdown to finish their work. It
 // then drains the NATS connection and returns the first loop's error.
 func (c *Conns) Run(ctx context.Context, shutdown time.Duration, log *slog.Logger, loops ...func(context.Context) error) error {
+	if c.Keeper != nil {
+		loops = append(loops, c.Keeper.Run)
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	for _, loop := range loops {
 		g.Go(func() error { return loop(gctx) })

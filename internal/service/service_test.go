@@ -71,6 +71,17 @@ func TestOpenEnsuresTheTopology(t *testing.T) {
 	if n := conns.Pool.Config().MaxConns; n < 3 {
 		t.Fatalf("pool of %d connections, want at least 3", n)
 	}
+	// The work stream lost (a broker's store wiped): the keeper recreates
+	// it in place, with the flow bucket.
+	if err := conns.JS.DeleteStream(context.Background(), streams.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if !conns.Keeper.Pass(context.Background()) {
+		t.Fatal("the keeper did not recreate the work stream")
+	}
+	if _, err := conns.JS.Stream(context.Background(), streams.Stream); err != nil {
+		t.Fatalf("the work stream after the keeper's pass: %v", err)
+	}
 }
 
 // The telemetry endpoint serves from before the connections: /healthz is
@@ -102,7 +113,7 @@ func TestTelemetry(t *testing.T) {
 	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "starting") {
 		t.Fatalf("/readyz before Open = %d %q", code, body)
 	}
-	conns, err := service.Open(context.Background(), service.Settings{DatabaseURL: url, NATS: natsconn.Config{URL: srv.URL()}, EnsureTopology: true},
+	conns, err := service.Open(context.Background(), service.Settings{DatabaseURL: url, NATS: natsconn.Config{URL: srv.URL()}, Topology: streams.Settings{Ensure: true}},
 		service.Options{Telemetry: tel, Name: "test"}, discard)
 	if err != nil {
 		t.Fatal(err)

@@ -179,7 +179,7 @@ func (t *Topology) Ensure(ctx context.Context, js jetstream.JetStream) ([]string
 			return changed, fmt.Errorf("stream %s: %w", cfg.Name, err)
 		}
 		if what != "" {
-			changed = append(changed, what+" stream "+cfg.Name)
+			changed = append(changed, "stream "+cfg.Name+" "+what)
 		}
 	}
 	streamNames := make([]string, 0, len(t.Consumers))
@@ -194,27 +194,29 @@ func (t *Topology) Ensure(ctx context.Context, js jetstream.JetStream) ([]string
 				return changed, fmt.Errorf("consumer %s on stream %s: %w", cfg.Durable, s, err)
 			}
 			if what != "" {
-				changed = append(changed, what+" consumer "+s+"/"+cfg.Durable)
+				changed = append(changed, "consumer "+s+"/"+cfg.Durable+" "+what)
 			}
 		}
 	}
 	return changed, nil
 }
 
-// ensureStream returns "created", "updated" or "" when the server matched.
+// ensureStream returns "created", "updated", a note when the server keeps
+// more replicas than cfg asks for, or "" when the server matched.
 func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (string, error) {
-	d, err := digest(cfg)
-	if err != nil {
-		return "", err
-	}
-	cfg.Metadata = stamped(cfg.Metadata, d)
 	s, err := js.Stream(ctx, cfg.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		if _, err = js.CreateStream(ctx, cfg); err == nil {
+		d, err := digest(cfg)
+		if err != nil {
+			return "", err
+		}
+		create := cfg
+		create.Metadata = stamped(cfg.Metadata, d)
+		if _, err = js.CreateStream(ctx, create); err == nil {
 			return "created", nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return "", fmt.Errorf("create: %w", err)
+			return "", fmt.Errorf("create: %w", replicasHint(err, cfg.Replicas))
 		}
 		// Another process created it first, maybe from another config.
 		s, err = js.Stream(ctx, cfg.Name)
@@ -222,42 +224,78 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	if err != nil {
 		return "", fmt.Errorf("look up: %w", err)
 	}
-	same, err := declaredMatch(cfg, s.CachedInfo().Config)
-	if err != nil || same {
-		return "", err
+	have := s.CachedInfo().Config
+	note := ""
+	if want := max(cfg.Replicas, 1); have.Replicas > want {
+		// Never scale down: a process started without NATS_REPLICAS next
+		// to others started with it would take the cluster's redundancy
+		// away, and the next one would put it back.
+		note = fmt.Sprintf("kept at %d replicas (NATS_REPLICAS=%d never scales down)", have.Replicas, want)
+		cfg.Replicas = have.Replicas
 	}
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return "", fmt.Errorf("update: %w", err)
-	}
-	return "updated", nil
-}
-
-// ensureConsumer returns "created", "updated" or "" when the server matched.
-func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (string, error) {
 	d, err := digest(cfg)
 	if err != nil {
 		return "", err
 	}
 	cfg.Metadata = stamped(cfg.Metadata, d)
+	same, err := declaredMatch(cfg, have)
+	if err != nil || same {
+		return note, err
+	}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return "", fmt.Errorf("update: %w", replicasHint(err, cfg.Replicas))
+	}
+	if have.Replicas != cfg.Replicas {
+		return fmt.Sprintf("updated (replicas %d -> %d)", max(have.Replicas, 1), cfg.Replicas), nil
+	}
+	return "updated", nil
+}
+
+// ensureConsumer is ensureStream for a consumer.
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (string, error) {
 	c, err := js.Consumer(ctx, stream, cfg.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		if _, err = js.CreateConsumer(ctx, stream, cfg); err == nil {
+		d, err := digest(cfg)
+		if err != nil {
+			return "", err
+		}
+		create := cfg
+		create.Metadata = stamped(cfg.Metadata, d)
+		if _, err = js.CreateConsumer(ctx, stream, create); err == nil {
 			return "created", nil
 		}
 		if !errors.Is(err, jetstream.ErrConsumerExists) {
-			return "", fmt.Errorf("create: %w", err)
+			return "", fmt.Errorf("create: %w", replicasHint(err, cfg.Replicas))
 		}
 		c, err = js.Consumer(ctx, stream, cfg.Durable)
 	}
 	if err != nil {
 		return "", fmt.Errorf("look up: %w", err)
 	}
-	same, err := declaredMatch(cfg, c.CachedInfo().Config)
-	if err != nil || same {
+	have := c.CachedInfo().Config
+	note := ""
+	if have.Replicas > cfg.Replicas && cfg.Replicas > 0 {
+		note = fmt.Sprintf("kept at %d replicas (NATS_REPLICAS=%d never scales down)", have.Replicas, cfg.Replicas)
+		cfg.Replicas = have.Replicas
+	} else if cfg.Replicas == 0 && have.Replicas > 1 {
+		// 0 follows the stream; a consumer set to more by an earlier
+		// NATS_REPLICAS keeps them, as its stream does.
+		cfg.Replicas = have.Replicas
+	}
+	d, err := digest(cfg)
+	if err != nil {
 		return "", err
 	}
+	cfg.Metadata = stamped(cfg.Metadata, d)
+	same, err := declaredMatch(cfg, have)
+	if err != nil || same {
+		return note, err
+	}
 	if _, err := js.UpdateConsumer(ctx, stream, cfg); err != nil {
-		return "", fmt.Errorf("update: %w", err)
+		return "", fmt.Errorf("update: %w", replicasHint(err, cfg.Replicas))
+	}
+	if have.Replicas != cfg.Replicas {
+		return fmt.Sprintf("updated (replicas %d -> %d)", have.Replicas, cfg.Replicas), nil
 	}
 	return "updated", nil
 }

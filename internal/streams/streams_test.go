@@ -103,8 +103,8 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantCreated := []string{"created stream SMS", "created stream SMS_DLQ", "created consumer SMS/senders",
-		"created consumer SMS/senders_bulk", "created consumer SMS/senders_urgent"}
+	wantCreated := []string{"stream SMS created", "stream SMS_DLQ created", "consumer SMS/senders created",
+		"consumer SMS/senders_bulk created", "consumer SMS/senders_urgent created"}
 	if !slices.Equal(changed, wantCreated) {
 		t.Fatalf("first Ensure = %q, want %q", changed, wantCreated)
 	}
@@ -135,7 +135,7 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 	topo.Streams[0].Description = "changed"
 	topo.Consumers[streams.Stream][0].MaxAckPending = 100
 	changed, err = topo.Ensure(ctx, js)
-	if want := []string{"updated stream SMS", "updated consumer SMS/senders"}; err != nil || !slices.Equal(changed, want) {
+	if want := []string{"stream SMS updated", "consumer SMS/senders updated"}; err != nil || !slices.Equal(changed, want) {
 		t.Fatalf("Ensure after a change = %q, %v; want %q", changed, err, want)
 	}
 	if cons, err = js.Consumer(ctx, streams.Stream, streams.Consumer); err != nil || cons.CachedInfo().Config.MaxAckPending != 100 {
@@ -144,7 +144,7 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 	// A field removed from the file goes back to the server's default.
 	topo.Streams[0].MaxMsgSize = 0
 	changed, err = topo.Ensure(ctx, js)
-	if want := []string{"updated stream SMS"}; err != nil || !slices.Equal(changed, want) {
+	if want := []string{"stream SMS updated"}; err != nil || !slices.Equal(changed, want) {
 		t.Fatalf("Ensure after removing a field = %q, %v; want %q", changed, err, want)
 	}
 	if s, err = js.Stream(ctx, streams.Stream); err != nil || s.CachedInfo().Config.MaxMsgSize != -1 {
@@ -160,7 +160,7 @@ func TestEnsureCreatesAndIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	changed, err = topo.Ensure(ctx, js)
-	if want := []string{"updated stream SMS"}; err != nil || !slices.Equal(changed, want) {
+	if want := []string{"stream SMS updated"}; err != nil || !slices.Equal(changed, want) {
 		t.Fatalf("Ensure after an operator's edit = %q, %v; want %q", changed, err, want)
 	}
 	if changed, err := topo.Ensure(ctx, js); err != nil || len(changed) != 0 {
@@ -200,11 +200,11 @@ func TestEnsureConcurrentStartUps(t *testing.T) {
 		}
 	}
 	for c := range counts {
-		if !strings.HasPrefix(c, "created ") {
+		if !strings.HasSuffix(c, " created") {
 			t.Errorf("a concurrent start-up did %q", c)
 		}
 	}
-	for _, c := range []string{"created stream SMS", "created stream SMS_DLQ", "created consumer SMS/senders"} {
+	for _, c := range []string{"stream SMS created", "stream SMS_DLQ created", "consumer SMS/senders created"} {
 		if counts[c] == 0 {
 			t.Errorf("no start-up reported %q (all: %v)", c, counts)
 		}

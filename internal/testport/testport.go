@@ -30,6 +30,15 @@ var (
 // for it, so a caller that fails to bind should ask again.
 func Reserve(t testing.TB) int {
 	t.Helper()
+	p, err := Pick()
+	if err != nil {
+		t.Fatalf("testport: %v", err)
+	}
+	return p
+}
+
+// Pick is Reserve for a caller without a test (the soak, the drills).
+func Pick() (int, error) {
 	lo, hi := window()
 	mu.Lock()
 	defer mu.Unlock()
@@ -44,10 +53,9 @@ func Reserve(t testing.TB) int {
 		}
 		ln.Close()
 		taken[p] = true
-		return p
+		return p, nil
 	}
-	t.Fatalf("testport: no free port in [%d, %d)", lo, hi)
-	return 0
+	return 0, fmt.Errorf("no free port in [%d, %d)", lo, hi)
 }
 
 // window is [20000, start of the ephemeral range), or [20000, 32768) when the

@@ -1,0 +1,9 @@
+package streams_test
+
+import (
+	"testing"
+
+	"github.com/sendonce/sendonce/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
