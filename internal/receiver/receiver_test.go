@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,7 +254,7 @@ func TestReceiptsAreWrittenInBatches(t *testing.T) {
 	}
 }
 
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+func counter(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -359,4 +364,93 @@ func TestNewRefusesBadSettings(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want an error naming %s", tt.cfg, err, tt.want)
 		}
 	}
+}
+
+// A receipt storm: receipts posted at a steady rate (SENDONCE_RECEIPT_RATE
+// a second, default 5,000) by 200 concurrent clients for b.N receipts,
+// each answered once committed. It reports the commits per receipt, the
+// achieved rate and the answer's latency percentiles.
+//
+//	go test -run '^$' -bench BenchmarkReceiptStorm -benchtime 25000x ./internal/receiver/
+func BenchmarkReceiptStorm(b *testing.B) {
+	rate := 5000.0
+	if v := os.Getenv("SENDONCE_RECEIPT_RATE"); v != "" {
+		if _, err := fmt.Sscan(v, &rate); err != nil {
+			b.Fatal(err)
+		}
+	}
+	admin, dsn := pgtest.NewPool(b)
+	pool, err := pgxpool.New(context.Background(), pgtest.AsRole(b, dsn, "sendonce_receiver"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	reg := prometheus.NewRegistry()
+	rv, err := receiver.New(receiver.Config{Pool: pool, Secrets: [][]byte{secret}, Registerer: reg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = rv.Run(ctx) }()
+	srv := httptest.NewServer(rv.Handler())
+	defer func() { srv.Close(); cancel(); <-done }()
+	ids := make([]uuid.UUID, b.N)
+	rows := make([][]any, b.N)
+	for i := range ids {
+		ids[i] = uuid.New()
+		rows[i] = []any{ids[i], "+15551234567", "b", "sent"}
+	}
+	if _, err := admin.CopyFrom(context.Background(), pgx.Identifier{"sms_outbox"}, []string{"id", "to_e164", "body", "status"}, pgx.CopyFromRows(rows)); err != nil {
+		b.Fatal(err)
+	}
+	bodies := make([][]byte, b.N)
+	for i, id := range ids {
+		bodies[i] = receiptBody(id.String(), "delivered")
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
+	latencies := make([]time.Duration, b.N)
+	var next atomic.Int64
+	interval := time.Duration(float64(time.Second) / rate)
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= b.N {
+					return
+				}
+				// Paced: receipt i leaves at start + i*interval.
+				if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+					time.Sleep(d)
+				}
+				t0 := time.Now()
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/receipts/generic", bytes.NewReader(bodies[i]))
+				req.Header.Set(receiver.HeaderSignature, receiver.SignGeneric(secret, bodies[i], t0))
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Errorf("receipt answered %d", resp.StatusCode)
+					return
+				}
+				latencies[i] = time.Since(t0)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	slices.Sort(latencies)
+	commits := counter(b, reg, "sendonce_receipt_commits_total")
+	b.ReportMetric(commits/float64(b.N), "commits/receipt")
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "receipts/s")
+	b.ReportMetric(float64(latencies[b.N/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(latencies[b.N*99/100].Microseconds())/1000, "p99-ms")
 }
