@@ -45,7 +45,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 		stale: c.Result == outbox.ClaimedStale, idempotent: s.cfg.Provider.Idempotent(),
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
 		lastDelivery: s.lastDelivery(h.msg), canLookup: s.cfg.Provider.CanLookup(),
-		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget,
+		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
 	res := result{held: h, createdAt: c.CreatedAt}

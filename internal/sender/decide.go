@@ -53,6 +53,11 @@ type facts struct {
 	// lookups and lookupBudget: the row's failed lookups, and how many
 	// may fail before the row ends unknown.
 	lookups, lookupBudget int
+	// republished: the row's message is a republication (publish_gen > 0):
+	// the reconciler found the row stuck, parked or rolled back, an
+	// operator replayed it, or a failover lost what the row said of an
+	// earlier attempt. Its history is not to be trusted blindly.
+	republished bool
 }
 
 // looksUp reports whether an attempt without an answer is settled by a
@@ -191,11 +196,14 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 // decideBefore decides whether a claimed row may be called at all.
 func decideBefore(f facts) verdict {
 	switch {
-	case f.looksUp() && (f.lookupPending || f.stale):
+	case f.looksUp() && (f.lookupPending || f.stale || f.republished):
 		// An earlier attempt ended without an answer (or died mid-call) at
 		// a provider that would send again: what it did is asked, not
-		// guessed. This comes before the budget: a lookup may find the
-		// message sent.
+		// guessed. A republished row is asked about too: a Postgres
+		// failover can lose the write that said an attempt was made (the
+		// claim, the lookup mark, even sent), and only the republication
+		// brings such a row back. This comes before the budget: a lookup
+		// may find the message sent.
 		return verdict{lookup: true}
 	case f.stale && !f.idempotent:
 		// An earlier attempt died mid-call at a provider that would send
