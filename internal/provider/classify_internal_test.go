@@ -2,6 +2,7 @@ package provider
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"regexp"
 	"slices"
@@ -245,7 +246,18 @@ func FuzzClassifyBody(f *testing.F) {
 		if o.Kind != Sent && o.Reason == "" {
 			t.Fatal("a failure without a Reason")
 		}
-		if m := phoneLike.FindString(o.Error()); m != "" && !strings.HasPrefix(o.Error(), "http "+strconv.Itoa(status)+", provider code") {
+		// Error() is "http <status>[, provider code <code>]: <Reason>"; the
+		// numbers in the prefix are ours, so only what follows must not
+		// read as a phone number (the status and a short reason side by
+		// side, as in "http 400: 0", are not one).
+		prefix := fmt.Sprintf("http %d: ", status)
+		if o.Code != 0 {
+			prefix = fmt.Sprintf("http %d, provider code %d: ", status, o.Code)
+		}
+		if !strings.HasPrefix(o.Error(), prefix) {
+			t.Fatalf("Error() = %q, want the prefix %q", o.Error(), prefix)
+		}
+		if m := phoneLike.FindString(strings.TrimPrefix(o.Error(), prefix)); m != "" {
 			t.Fatalf("Error() = %q holds %q", o.Error(), m)
 		}
 
