@@ -361,9 +361,9 @@ func (e *env) stubStats(ctx context.Context) (smsstub.Stats, error) {
 	return smsstub.FetchStats(sctx, e.stubURL)
 }
 
-// truncate empties the outbox and the attempts log.
+// truncate empties the outbox, its attempts log and its evidence.
 func (b *bench) truncate(ctx context.Context) error {
-	if _, err := b.pool.Exec(ctx, `TRUNCATE sms_attempts, sms_outbox`); err != nil {
+	if _, err := b.pool.Exec(ctx, `TRUNCATE sms_evidence, sms_attempts, sms_outbox`); err != nil {
 		return fmt.Errorf("empty the outbox: %w", err)
 	}
 	return nil

@@ -163,7 +163,7 @@ func redactURL(dsn string) string {
 func LoadRows(tb testing.TB, pool *pgxpool.Pool, n int, status string) []uuid.UUID {
 	tb.Helper()
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `TRUNCATE sms_attempts, sms_outbox`); err != nil {
+	if _, err := pool.Exec(ctx, `TRUNCATE sms_evidence, sms_attempts, sms_outbox`); err != nil {
 		tb.Fatal(err)
 	}
 	ids := make([]uuid.UUID, n)
