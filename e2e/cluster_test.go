@@ -370,7 +370,7 @@ func TestStoreLossSingleServer(t *testing.T) {
 		extra: []string{"SENDER_CONCURRENCY=8", "RECONCILE_GRACE=35s"}})
 	node := r.nats.Nodes()[0]
 	r.load(600, 8*time.Second)
-	testkit.WaitFor(t, time.Minute, "a backlog of queued rows", func() bool { return r.count("queued") >= 100 })
+	testkit.WaitFor(t, 3*time.Minute, "a backlog of queued rows", func() bool { return r.count("queued") >= 100 })
 	queued := r.count("queued")
 	kill9(t, node)
 	if err := node.WipeStore(); err != nil {
