@@ -1,5 +1,9 @@
 # Multi-stage build: static binaries on a distroless, non-root base.
-FROM golang:1.26-bookworm AS build
+# The Go image is the exact patch release go.mod's toolchain line pins
+# (pinned_test.go keeps the two equal; scripts/govulncheck.sh checks that
+# release's standard library). Pin each base by digest where you build: the
+# tags below are exact, but a tag can be pushed again.
+FROM golang:1.26.11-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

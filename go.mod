@@ -2,6 +2,8 @@ module github.com/sendonce/sendonce
 
 go 1.26.0
 
+toolchain go1.26.11
+
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/google/uuid v1.6.0

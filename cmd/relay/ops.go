@@ -6,12 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/envflag"
@@ -21,21 +23,39 @@ import (
 )
 
 const opsUsage = `operator commands:
-  relay dlq list   [-reason R] [-since T]                 list dead letters
-  relay dlq replay (-id ID | -reason R [-since T]) [-dry-run] [-force]
-                                                          put dead or unknown rows back to pending
+  relay dlq list   [-reason R] [-since T] [-limit N] [-after SEQ]
+                                                          list dead letters, a page at a time
+  relay dlq replay -id ID [-dry-run] [-force]             put a dead or unknown row back to pending
+  relay dlq replay -reason R (-since T | -limit N) [-after SEQ] [-batch B] [-rate R/s] [-dry-run] [-force]
+                                                          ... the rows of matching letters, in batches
   relay trace ID                                          a row, its attempts, receipts, lookups and dead letters
 T is an RFC 3339 time or a duration back from now (24h). R is permanent,
-max_attempts, ambiguous or invalid. A letter replays its row only while the
-row is still in the state the letter describes (same generation and reason);
-an unknown row is replayed only with -force unless its letter records a
-provider that honours idempotency keys.`
+max_attempts, ambiguous or invalid. A list shows -limit letters (default 100)
+and the -after SEQ of the next page. A replay by reason needs -since or
+-limit; it commits -batch rows per transaction (default 100) at -rate rows a
+second at most (default 100). A letter replays its row only while the row is
+still in the state the letter describes (same generation and reason); an
+unknown row is replayed only with -force unless its letter records a provider
+that honours idempotency keys.`
+
+// Bounds of the operator commands' pages and batches.
+const (
+	defaultListLimit   = 100
+	maxListLimit       = 10000
+	defaultReplayBatch = 100
+	maxReplayBatch     = 1000
+	defaultReplayRate  = 100.0
+	traceLetterLimit   = 100
+)
 
 type opsConfig struct {
 	databaseURL       string
 	nats              natsconn.Config
 	reason, since, id string
 	dryRun, force     bool
+	limit, batch      int
+	after             uint64
+	rate              float64
 }
 
 func runOps(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -60,11 +80,18 @@ func runOps(ctx context.Context, cmd string, args []string, getenv func(string) 
 	if cmd == "dlq" {
 		fs.StringVar(&c.reason, "reason", "", "only dead letters with this reason")
 		fs.StringVar(&c.since, "since", "", "only dead letters since this time (RFC 3339) or for this long (24h)")
+		fs.Uint64Var(&c.after, "after", 0, "only dead letters stored after this sequence (the cursor a list prints for its next page)")
+	}
+	if verb == "list" {
+		fs.IntVar(&c.limit, "limit", defaultListLimit, fmt.Sprintf("letters on a page (at most %d)", maxListLimit))
 	}
 	if verb == "replay" {
 		fs.StringVar(&c.id, "id", "", "replay this row")
 		fs.BoolVar(&c.dryRun, "dry-run", false, "show what would be replayed, change nothing")
 		fs.BoolVar(&c.force, "force", false, "also replay unknown rows whose provider may not honour idempotency keys (the user may get the message twice)")
+		fs.IntVar(&c.limit, "limit", 0, "replay by reason: read at most this many matching letters (0: all since -since)")
+		fs.IntVar(&c.batch, "batch", defaultReplayBatch, fmt.Sprintf("replay by reason: rows per transaction (at most %d)", maxReplayBatch))
+		fs.Float64Var(&c.rate, "rate", defaultReplayRate, "replay by reason: rows a second at most")
 	}
 	if err := s.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -120,15 +147,23 @@ func (c opsConfig) filter() (deadletter.Filter, error) {
 	return f, nil
 }
 
-func listLetters(ctx context.Context, c opsConfig, f deadletter.Filter) ([]deadletter.Letter, error) {
+// withLetters connects to NATS and runs fn with the JetStream to read the
+// dead letters from; each read of fn is bounded by a minute.
+func withLetters(c opsConfig, fn func(js jetstream.JetStream) error) error {
 	nc, js, err := natsconn.Connect(withConn(c.nats, "sendonce-relay-ops", 0, nil))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer nc.Close()
+	return fn(js)
+}
+
+// scanLetters calls fn with each letter matching f after sequence after,
+// holding one fetch of letters at a time.
+func scanLetters(ctx context.Context, js jetstream.JetStream, f deadletter.Filter, after uint64, fn func(deadletter.Letter) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return deadletter.List(ctx, js, "", f)
+	return deadletter.Scan(ctx, js, "", f, after, fn)
 }
 
 func dlqList(ctx context.Context, c opsConfig, out io.Writer) error {
@@ -136,7 +171,19 @@ func dlqList(ctx context.Context, c opsConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	letters, err := listLetters(ctx, c, f)
+	if c.limit <= 0 || c.limit > maxListLimit {
+		return usageError{fmt.Errorf("-limit %d: want 1 to %d", c.limit, maxListLimit)}
+	}
+	var (
+		letters []deadletter.Letter
+		next    uint64
+	)
+	err = withLetters(c, func(js jetstream.JetStream) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		letters, next, err = deadletter.Page(ctx, js, "", f, c.after, c.limit)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -153,92 +200,220 @@ func dlqList(ctx context.Context, c opsConfig, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "%d dead letters\n", len(letters))
+	if next != 0 {
+		fmt.Fprintf(out, "more: the next page is -after %d\n", next)
+	}
 	return nil
 }
 
 func dlqReplay(ctx context.Context, c opsConfig, out io.Writer) error {
-	var targets []outbox.ReplayTarget
 	switch {
-	case c.id != "" && (c.reason != "" || c.since != ""):
-		return usageError{errors.New("give -id or -reason/-since, not both")}
+	case c.id != "" && (c.reason != "" || c.since != "" || c.limit != 0 || c.after != 0):
+		return usageError{errors.New("give -id or -reason with -since/-limit, not both")}
 	case c.id != "":
-		id, err := uuid.Parse(c.id)
-		if err != nil {
-			return usageError{fmt.Errorf("-id %q is not a UUID", c.id)}
-		}
-		// The row's newest letter says whether its provider honours keys.
-		letters, err := listLetters(ctx, c, deadletter.Filter{OutboxID: id})
-		if err != nil {
-			return err
-		}
-		t := outbox.ReplayTarget{ID: id}
-		if n := len(letters); n > 0 {
-			t.SafeUnknown = letters[n-1].Idempotency == deadletter.ProviderIdempotent
-		}
-		targets = []outbox.ReplayTarget{t}
+		return replayOne(ctx, c, out)
 	case c.reason != "":
-		f, err := c.filter()
-		if err != nil {
-			return err
-		}
-		letters, err := listLetters(ctx, c, f)
-		if err != nil {
-			return err
-		}
-		// Each letter replays its row only if the row is still in the state
-		// the letter describes: a letter from before an earlier replay, or
-		// of another reason, replays nothing.
-		for _, l := range letters {
-			if l.OutboxID != uuid.Nil {
-				targets = append(targets, l.ReplayTarget())
-			}
-		}
+		return replayByReason(ctx, c, out)
 	default:
 		return usageError{errors.New("give -id ID or -reason R")}
+	}
+}
+
+func replayOne(ctx context.Context, c opsConfig, out io.Writer) error {
+	id, err := uuid.Parse(c.id)
+	if err != nil {
+		return usageError{fmt.Errorf("-id %q is not a UUID", c.id)}
+	}
+	// The row's newest letter says whether its provider honours keys.
+	t := outbox.ReplayTarget{ID: id}
+	err = withLetters(c, func(js jetstream.JetStream) error {
+		return scanLetters(ctx, js, deadletter.Filter{OutboxID: id}, 0, func(l deadletter.Letter) (bool, error) {
+			t.SafeUnknown = l.Idempotency == deadletter.ProviderIdempotent
+			return true, nil
+		})
+	})
+	if err != nil {
+		return err
 	}
 	conn, err := pgx.Connect(ctx, c.databaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	var tally replayTally
+	if err := tally.replay(ctx, conn, c, []outbox.ReplayTarget{t}, out); err != nil {
+		return err
+	}
+	tally.summary(c, out)
+	if tally.refused > 0 {
+		return errors.New("the row was not replayed")
+	}
+	return nil
+}
+
+// replayByReason replays the rows of the letters matching -reason (and
+// -since), a page of -batch letters at a time, each page's rows in a
+// transaction of their own, at -rate rows a second at most: a large replay
+// never locks every row at once, nor floods the sender.
+func replayByReason(ctx context.Context, c opsConfig, out io.Writer) error {
+	f, err := c.filter()
+	if err != nil {
+		return err
+	}
+	switch {
+	case c.since == "" && c.limit == 0:
+		return usageError{errors.New("a replay by -reason needs -since T or -limit N: it would otherwise replay the whole dead-letter stream")}
+	case c.limit < 0:
+		return usageError{fmt.Errorf("-limit %d: want a positive count", c.limit)}
+	case c.batch <= 0 || c.batch > maxReplayBatch:
+		return usageError{fmt.Errorf("-batch %d: want 1 to %d", c.batch, maxReplayBatch)}
+	case !(c.rate > 0) || math.IsInf(c.rate, 0):
+		return usageError{fmt.Errorf("-rate %v: want a positive number of rows a second", c.rate)}
+	}
+	conn, err := pgx.Connect(ctx, c.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var tally replayTally
+	cursor, read := c.after, 0
+	start := time.Now()
+	err = withLetters(c, func(js jetstream.JetStream) error {
+		// Only the letters stored before the replay began: a row replayed
+		// here that dies again must not be replayed again by its new letter.
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		f.Through, err = deadletter.LastSeq(rctx, js, "")
+		cancel()
+		if err != nil || f.Through == 0 {
+			return err
+		}
+		done := map[uuid.UUID]bool{} // rows this run replayed
+		for {
+			size := c.batch
+			if c.limit > 0 {
+				size = min(size, c.limit-read)
+			}
+			if size == 0 {
+				break
+			}
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
+			letters, next, err := deadletter.Page(rctx, js, "", f, cursor, size)
+			cancel()
+			if err != nil {
+				return err
+			}
+			read += len(letters)
+			// Each letter replays its row only if the row is still in the
+			// state the letter describes: a letter from before an earlier
+			// replay, or of another reason, replays nothing.
+			var targets []outbox.ReplayTarget
+			for _, l := range letters {
+				if l.OutboxID != uuid.Nil && !done[l.OutboxID] {
+					targets = append(targets, l.ReplayTarget())
+				}
+			}
+			if len(targets) > 0 {
+				replayed, err := tally.replayBatch(ctx, conn, c, targets, out)
+				if err != nil {
+					return err
+				}
+				for _, id := range replayed {
+					done[id] = true
+				}
+			}
+			if next == 0 {
+				cursor = 0
+				break
+			}
+			cursor = next
+			// Pace: the rows so far take at least rows/rate seconds.
+			if wait := time.Duration(float64(tally.rows)/c.rate*float64(time.Second)) - time.Since(start); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(wait):
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// What committed stays committed: say how far the replay got.
+		tally.summary(c, out)
+		if cursor != 0 {
+			fmt.Fprintf(out, "stopped: resume with -after %d\n", cursor)
+		}
+		return err
+	}
+	tally.summary(c, out)
+	if cursor != 0 {
+		fmt.Fprintf(out, "more letters match: the next are -after %d\n", cursor)
+	}
+	return nil
+}
+
+// replayTally counts what a replay did.
+type replayTally struct {
+	rows, replayed, refused, needForce int
+	// transactions is the number of transactions committed (or, in a
+	// dry run, rolled back).
+	transactions int
+}
+
+// replayBatch replays targets in one transaction and returns the rows it
+// replayed.
+func (t *replayTally) replayBatch(ctx context.Context, conn *pgx.Conn, c opsConfig, targets []outbox.ReplayTarget, out io.Writer) ([]uuid.UUID, error) {
 	var results []outbox.ReplayResult
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		var err error
 		results, err = outbox.Replay(ctx, tx, targets, outbox.ReplayOptions{DryRun: c.dryRun, Force: c.force})
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	replayed, refused, needForce := 0, 0, 0
+	t.transactions++
 	verb := "replayed"
 	if c.dryRun {
 		verb = "would replay"
 	}
+	var replayed []uuid.UUID
 	for _, r := range results {
+		t.rows++
 		switch {
 		case r.Replayed && r.Status == outbox.StatusUnknown:
-			replayed++
+			t.replayed++
+			replayed = append(replayed, r.ID)
 			fmt.Fprintf(out, "%s  %s (was unknown: if the provider took it, the user may get it twice; publish generation %d, same idempotency key)\n", r.ID, verb, r.Gen)
 		case r.Replayed:
-			replayed++
+			t.replayed++
+			replayed = append(replayed, r.ID)
 			fmt.Fprintf(out, "%s  %s (was %s; publish generation %d, same idempotency key)\n", r.ID, verb, r.Status, r.Gen)
 		default:
-			refused++
+			t.refused++
 			if r.NeedsForce {
-				needForce++
+				t.needForce++
 			}
 			fmt.Fprintf(out, "%s  refused: %s\n", r.ID, r.Refused)
 		}
 	}
-	fmt.Fprintf(out, "%d %s, %d refused\n", replayed, verb, refused)
-	if needForce > 0 {
-		fmt.Fprintf(out, "%d unknown rows need -force: their provider may not honour idempotency keys, so a replay may send them twice; check them with relay trace first\n", needForce)
+	return replayed, nil
+}
+
+func (t *replayTally) replay(ctx context.Context, conn *pgx.Conn, c opsConfig, targets []outbox.ReplayTarget, out io.Writer) error {
+	_, err := t.replayBatch(ctx, conn, c, targets, out)
+	return err
+}
+
+func (t *replayTally) summary(c opsConfig, out io.Writer) {
+	verb := "replayed"
+	if c.dryRun {
+		verb = "would replay"
 	}
-	if c.id != "" && refused > 0 {
-		return errors.New("the row was not replayed")
+	fmt.Fprintf(out, "%d %s, %d refused (%d transactions)\n", t.replayed, verb, t.refused, t.transactions)
+	if t.needForce > 0 {
+		fmt.Fprintf(out, "%d unknown rows need -force: their provider may not honour idempotency keys, so a replay may send them twice; check them with relay trace first\n", t.needForce)
 	}
-	return nil
 }
 
 func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
@@ -311,13 +486,31 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	letters, err := listLetters(ctx, c, deadletter.Filter{OutboxID: id, Since: row.CreatedAt.Add(-time.Minute)})
+	// The row's letters: one per publish generation that ended, read a
+	// fetch at a time; a row replayed over and over shows its first
+	// traceLetterLimit.
+	var letters []deadletter.Letter
+	more := false
+	err = withLetters(c, func(js jetstream.JetStream) error {
+		f := deadletter.Filter{OutboxID: id, Since: row.CreatedAt.Add(-time.Minute)}
+		return scanLetters(ctx, js, f, 0, func(l deadletter.Letter) (bool, error) {
+			if len(letters) == traceLetterLimit {
+				more = true
+				return false, nil
+			}
+			letters = append(letters, l)
+			return true, nil
+		})
+	})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "dead letters (%d)\n", len(letters))
 	for _, l := range letters {
 		fmt.Fprintf(out, "  seq %d  %s  reason %s  attempts %d  code %d  gen %d  %s\n", l.Seq, ts(l.Time), l.Reason, l.Attempts, l.ProviderCode, l.Gen, l.Error)
+	}
+	if more {
+		fmt.Fprintf(out, "  more: the first %d are shown\n", traceLetterLimit)
 	}
 	return nil
 }

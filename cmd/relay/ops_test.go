@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -139,14 +140,14 @@ func TestDLQReplay(t *testing.T) {
 	// By reason: the unknown row's letter does not say its provider honours
 	// keys, so it needs -force and is listed first; then it is replayed.
 	unknown := o.kill(t, outbox.StatusUnknown, wire.ReasonAmbiguous)
-	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "ambiguous")
+	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "ambiguous", "-since", "1h")
 	if code != 0 || !strings.Contains(out, unknown.String()+"  refused: unknown at a provider") || !strings.Contains(out, "1 unknown rows need -force") {
 		t.Fatalf("replay of an unknown row without -force: exit %d\n%s%s", code, out, errOut)
 	}
 	if st, _ := outbox.Status(ctx, o.pool, unknown); st.Status != outbox.StatusUnknown {
 		t.Fatalf("the refused row is %s", st.Status)
 	}
-	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "ambiguous", "-force")
+	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "ambiguous", "-since", "1h", "-force")
 	if code != 0 || !strings.Contains(out, unknown.String()+"  replayed (was unknown") {
 		t.Fatalf("replay by reason with -force: exit %d\n%s%s", code, out, errOut)
 	}
@@ -164,7 +165,7 @@ func TestDLQReplay(t *testing.T) {
 		t.Fatalf("replay of an unknown row at an idempotent provider: exit %d\n%s%s", code, out, errOut)
 	}
 	_ = safe
-	code, out, _ = o.run(t, "dlq", "replay", "-reason", "permanent")
+	code, out, _ = o.run(t, "dlq", "replay", "-reason", "permanent", "-limit", "100")
 	if code != 0 || !strings.Contains(out, "still in flight (pending)") || !strings.Contains(out, "already sent") {
 		t.Fatalf("replay by reason permanent: exit %d\n%s", code, out)
 	}
@@ -190,7 +191,7 @@ func TestDLQReplayIgnoresStaleLetters(t *testing.T) {
 	}
 	o.letter(t, id, 1, wire.ReasonAmbiguous, deadletter.ProviderNotIdempotent)
 
-	code, out, errOut := o.run(t, "dlq", "replay", "-reason", "permanent", "-force")
+	code, out, errOut := o.run(t, "dlq", "replay", "-reason", "permanent", "-since", "1h", "-force")
 	if code != 0 || !strings.Contains(out, "refused: stale letter (generation 0, permanent)") || !strings.Contains(out, "0 replayed") {
 		t.Fatalf("replay -reason permanent: exit %d\n%s%s", code, out, errOut)
 	}
@@ -204,7 +205,7 @@ func TestDLQReplayIgnoresStaleLetters(t *testing.T) {
 	}
 	// Its current letter does describe it; at a provider without
 	// idempotency it still needs -force.
-	code, out, _ = o.run(t, "dlq", "replay", "-reason", "ambiguous")
+	code, out, _ = o.run(t, "dlq", "replay", "-reason", "ambiguous", "-since", "1h")
 	if code != 0 || !strings.Contains(out, "need -force") {
 		t.Fatalf("replay -reason ambiguous: exit %d\n%s", code, out)
 	}
@@ -243,5 +244,163 @@ func TestTraceShowsRowAttemptsAndLetters(t *testing.T) {
 	}
 	if code, _, _ := o.run(t, "trace", "not-a-uuid"); code != 2 {
 		t.Errorf("trace of a bad id: exit %d, want 2", code)
+	}
+}
+
+// publishLetters stores n letters of rows that do not exist, as a large
+// dead-letter stream would hold, and returns their sequences.
+func (o *opsEnv) publishLetters(t *testing.T, n int, reason string) []uint64 {
+	t.Helper()
+	_, js := o.nats.Connect(t)
+	p := deadletter.Publisher{JetStream: js}
+	seqs := make([]uint64, 0, n)
+	for range n {
+		id := uuid.New()
+		seq, err := p.Publish(context.Background(), deadletter.Letter{OutboxID: id, Reason: reason, Error: "http 400: bad", Attempts: 1,
+			Payload: wire.AppendEncode(nil, wire.Send{ID: id})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, seq)
+	}
+	return seqs
+}
+
+// letterLines returns the sequences of the letters a list printed.
+func letterLines(t *testing.T, out string) []string {
+	t.Helper()
+	var seqs []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[0] != "SEQ" && (f[3] == wire.ReasonPermanent || f[3] == wire.ReasonMaxAttempts) {
+			seqs = append(seqs, f[0])
+		}
+	}
+	return seqs
+}
+
+// A list shows one page of -limit letters and the cursor of the next; the
+// pages together are the stream, each letter once.
+func TestDLQListPages(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	seqs := o.publishLetters(t, 250, wire.ReasonPermanent)
+	code, out, errOut := o.run(t, "dlq", "list")
+	if code != 0 {
+		t.Fatalf("list: exit %d\n%s%s", code, out, errOut)
+	}
+	if got := letterLines(t, out); len(got) != 100 {
+		t.Fatalf("the default page holds %d letters, want 100:\n%s", len(got), out)
+	}
+	var all []string
+	after := "0"
+	for page := 0; ; page++ {
+		code, out, errOut := o.run(t, "dlq", "list", "-limit", "60", "-after", after)
+		if code != 0 {
+			t.Fatalf("page %d: exit %d\n%s%s", page, code, out, errOut)
+		}
+		got := letterLines(t, out)
+		all = append(all, got...)
+		_, next, more := strings.Cut(out, "more: the next page is -after ")
+		if !more {
+			if len(got) != 250-4*60 {
+				t.Fatalf("last page holds %d letters, want %d", len(got), 250-4*60)
+			}
+			break
+		}
+		if len(got) != 60 {
+			t.Fatalf("page %d holds %d letters, want 60:\n%s", page, len(got), out)
+		}
+		after = strings.TrimSpace(next)
+		if after != got[len(got)-1] {
+			t.Fatalf("page %d: next cursor %s, last letter %s", page, after, got[len(got)-1])
+		}
+	}
+	if len(all) != len(seqs) || all[0] != fmt.Sprint(seqs[0]) || all[len(all)-1] != fmt.Sprint(seqs[len(seqs)-1]) {
+		t.Fatalf("the pages hold %d letters (%s..%s), want %d (%d..%d)", len(all), all[0], all[len(all)-1], len(seqs), seqs[0], seqs[len(seqs)-1])
+	}
+	for _, bad := range [][]string{{"-limit", "0"}, {"-limit", "10001"}} {
+		if code, _, errOut := o.run(t, append([]string{"dlq", "list"}, bad...)...); code != 2 || !strings.Contains(errOut, "-limit") {
+			t.Errorf("list %v: exit %d %s", bad, code, errOut)
+		}
+	}
+}
+
+// A replay by reason with neither -since nor -limit would replay (and lock)
+// every row of the stream: it is refused.
+func TestDLQReplayByReasonNeedsSinceOrLimit(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	id := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	code, out, errOut := o.run(t, "dlq", "replay", "-reason", "permanent")
+	if code != 2 || !strings.Contains(errOut, "needs -since T or -limit N") {
+		t.Fatalf("replay -reason alone: exit %d\n%s%s", code, out, errOut)
+	}
+	if st, _ := outbox.Status(context.Background(), o.pool, id); st.Status != outbox.StatusDead {
+		t.Fatalf("the refused replay moved the row to %s", st.Status)
+	}
+	for _, bad := range [][]string{{"-since", "1h", "-batch", "0"}, {"-since", "1h", "-rate", "0"}, {"-limit", "-1"}, {"-id", id.String(), "-limit", "5"}} {
+		if code, _, errOut := o.run(t, append([]string{"dlq", "replay", "-reason", "permanent"}, bad...)...); code != 2 {
+			t.Errorf("replay %v: exit %d %s", bad, code, errOut)
+		}
+	}
+}
+
+// A replay by reason of N letters commits ceil(N/batch) transactions: each
+// replayed row's xmin is the transaction that wrote it.
+func TestDLQReplayCommitsInBatches(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	ctx := context.Background()
+	const n, batch = 25, 10
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	}
+	xacts := func(ids []uuid.UUID) int {
+		var k int
+		if err := o.pool.QueryRow(ctx, `SELECT count(DISTINCT xmin::text) FROM sms_outbox WHERE id = ANY($1) AND status = 'pending'`, ids).Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+
+	code, out, errOut := o.run(t, "dlq", "replay", "-reason", "permanent", "-since", "1h", "-batch", fmt.Sprint(batch), "-rate", "100000")
+	want := (n + batch - 1) / batch
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("%d replayed, 0 refused (%d transactions)", n, want)) {
+		t.Fatalf("replay -since: exit %d\n%s%s", code, out, errOut)
+	}
+	if k := xacts(ids); k != want {
+		t.Fatalf("%d rows replayed in batches of %d were written by %d transactions, want %d", n, batch, k, want)
+	}
+
+	// Seven rows die again in generation 1. From the cursor past the old
+	// letters, -limit 5 -batch 2 replays the first 5 in 3 transactions and
+	// leaves the other two.
+	_, js := o.nats.Connect(t)
+	cursor, err := deadletter.LastSeq(ctx, js, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := ids[:7]
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'dead', end_reason = 'permanent' WHERE id = ANY($1)`, again); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range again {
+		o.letter(t, id, 1, wire.ReasonPermanent, deadletter.IdempotencyUnknown)
+	}
+	code, out, errOut = o.run(t, "dlq", "replay", "-reason", "permanent", "-after", fmt.Sprint(cursor), "-limit", "5", "-batch", "2", "-rate", "100000")
+	if code != 0 || !strings.Contains(out, "5 replayed, 0 refused (3 transactions)") || !strings.Contains(out, "more letters match: the next are -after ") {
+		t.Fatalf("replay -limit 5: exit %d\n%s%s", code, out, errOut)
+	}
+	if k := xacts(again[:5]); k != 3 {
+		t.Fatalf("5 rows replayed in batches of 2 were written by %d transactions, want 3", k)
+	}
+	var dead int
+	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE id = ANY($1) AND status = 'dead'`, again[5:]).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 2 {
+		t.Fatalf("%d of the 2 rows beyond -limit are still dead", dead)
 	}
 }

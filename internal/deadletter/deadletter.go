@@ -129,73 +129,161 @@ type Filter struct {
 	Since time.Time
 	// OutboxID, when set, keeps the letters of one row.
 	OutboxID uuid.UUID
+	// Through, when set, keeps letters stored at or before this stream
+	// sequence: a reader that works while letters arrive (a replay whose
+	// rows die again) reads only those stored when it began.
+	Through uint64
 }
 
 func (f Filter) keep(l Letter) bool {
-	return (f.Reason == "" || l.Reason == f.Reason) && (f.OutboxID == uuid.Nil || l.OutboxID == f.OutboxID)
+	return (f.Reason == "" || l.Reason == f.Reason) && (f.OutboxID == uuid.Nil || l.OutboxID == f.OutboxID) &&
+		(f.Since.IsZero() || !l.Time.Before(f.Since))
 }
 
-// List reads the dead letters of stream (default "SMS_DLQ") matching f, in
-// stream order, with an ordered consumer that leaves no state behind.
-func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) ([]Letter, error) {
+// FetchSize is the most letters Scan holds at once: one fetch from the
+// stream.
+const FetchSize = 256
+
+// Scan calls fn with each dead letter of stream (default "SMS_DLQ") that
+// matches f, in stream order, starting after sequence after (0: from the
+// start, or from f.Since), until fn returns false or the letters stored when
+// it began are read. It holds at most FetchSize letters at a time, whatever
+// the stream's size, and reads with an ordered consumer that leaves no state
+// behind.
+func Scan(ctx context.Context, js jetstream.JetStream, stream string, f Filter, after uint64, fn func(Letter) (bool, error)) error {
 	if stream == "" {
 		stream = streams.DeadLetterStream
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+		return fmt.Errorf("dead-letter stream %s: %w", stream, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+		return fmt.Errorf("dead-letter stream %s: %w", stream, err)
 	}
 	last := info.State.LastSeq
-	if info.State.Msgs == 0 {
-		return nil, nil
+	if f.Through > 0 {
+		last = min(last, f.Through)
+	}
+	if info.State.Msgs == 0 || after >= last {
+		return nil
 	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
-	if !f.Since.IsZero() {
+	seen := info.State.FirstSeq - 1
+	switch {
+	case after > 0:
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+		seen = max(seen, after)
+	case !f.Since.IsZero():
 		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
 		since := f.Since
 		cfg.OptStartTime = &since
 	}
 	cons, err := s.OrderedConsumer(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w", err)
+		return fmt.Errorf("read dead letters: %w", err)
 	}
-	var out []Letter
-	seen := info.State.FirstSeq - 1
-	for {
+	for seen < last {
 		// Ask for no more than remain: a fetch returns as soon as it has
 		// its count, and waits out its MaxWait only when asked for more.
-		want := int(min(256, last-seen))
-		batch, err := cons.Fetch(want, jetstream.FetchMaxWait(time.Second))
+		batch, err := cons.Fetch(int(min(FetchSize, last-seen)), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return nil, fmt.Errorf("read dead letters: %w", err)
+			return fmt.Errorf("read dead letters: %w", err)
 		}
 		n := 0
-		var lastSeen uint64
 		for m := range batch.Messages() {
 			n++
 			l, err := Parse(m)
 			if err != nil {
-				return nil, err
+				return err
 			}
-			lastSeen, seen = l.Seq, l.Seq
-			if f.keep(l) {
-				out = append(out, l)
+			seen = l.Seq
+			if seen > last {
+				return nil
+			}
+			if !f.keep(l) {
+				continue
+			}
+			more, err := fn(l)
+			if err != nil || !more {
+				return err
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("read dead letters: %w", err)
+			return fmt.Errorf("read dead letters: %w", err)
 		}
-		if n == 0 || lastSeen >= last {
-			return out, nil
+		if n == 0 {
+			return nil
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
+
+// LastSeq returns the sequence of the newest letter of stream (default
+// "SMS_DLQ"), 0 when it holds none.
+func LastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64, error) {
+	if stream == "" {
+		stream = streams.DeadLetterStream
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	if info.State.Msgs == 0 {
+		return 0, nil
+	}
+	return info.State.LastSeq, nil
+}
+
+// Page returns up to limit dead letters matching f stored after sequence
+// after, and the cursor of the next page: the sequence of the last letter
+// returned when more may follow (pass it as after), 0 when the stream holds
+// no more. It holds at most limit letters and one fetch, whatever the
+// stream's size.
+func Page(ctx context.Context, js jetstream.JetStream, stream string, f Filter, after uint64, limit int) ([]Letter, uint64, error) {
+	if limit <= 0 {
+		return nil, 0, errors.New("dead letters: a page needs a positive limit")
+	}
+	var out []Letter
+	full := false
+	err := Scan(ctx, js, stream, f, after, func(l Letter) (bool, error) {
+		if len(out) == limit {
+			full = true // a letter beyond the page: there is a next one
+			return false, nil
+		}
+		out = append(out, l)
+		return true, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if !full {
+		return out, 0, nil
+	}
+	return out, out[len(out)-1].Seq, nil
+}
+
+// List reads every dead letter of stream (default "SMS_DLQ") matching f, in
+// stream order. It holds them all: operator commands read Page by Page.
+func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) ([]Letter, error) {
+	var out []Letter
+	err := Scan(ctx, js, stream, f, 0, func(l Letter) (bool, error) {
+		out = append(out, l)
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Parse reads a dead letter back from a stream message.

@@ -2,6 +2,7 @@ package deadletter_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -65,5 +66,70 @@ func TestPublishIsDeduplicatedPerGeneration(t *testing.T) {
 	invalid, err := deadletter.List(ctx, js, "", deadletter.Filter{Reason: wire.ReasonInvalid})
 	if err != nil || len(invalid) != 1 || invalid[0].OutboxID != uuid.Nil {
 		t.Fatalf("invalid letters = %+v, %v", invalid, err)
+	}
+}
+
+// Page returns at most limit letters and the cursor of the next page, with a
+// filter that skips most of the stream; Through stops at a sequence; the
+// pages together hold each matching letter once.
+func TestPage(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t)
+	_, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p := deadletter.Publisher{JetStream: js}
+	var matching []uint64
+	for i := range 700 {
+		reason := wire.ReasonPermanent
+		if i%3 == 0 {
+			reason = wire.ReasonMaxAttempts
+		}
+		seq, err := p.Publish(ctx, deadletter.Letter{OutboxID: uuid.New(), Reason: reason, Payload: []byte("x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reason == wire.ReasonMaxAttempts {
+			matching = append(matching, seq)
+		}
+	}
+	f := deadletter.Filter{Reason: wire.ReasonMaxAttempts}
+	var got []uint64
+	after, pages := uint64(0), 0
+	for {
+		page, next, err := deadletter.Page(ctx, js, "", f, after, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		if len(page) > 50 {
+			t.Fatalf("page %d holds %d letters, over its limit of 50", pages, len(page))
+		}
+		for _, l := range page {
+			if l.Reason != wire.ReasonMaxAttempts {
+				t.Fatalf("page %d holds a %s letter", pages, l.Reason)
+			}
+			got = append(got, l.Seq)
+		}
+		if next == 0 {
+			break
+		}
+		if len(page) != 50 || next != page[len(page)-1].Seq {
+			t.Fatalf("page %d: %d letters, next %d", pages, len(page), next)
+		}
+		after = next
+	}
+	if fmt.Sprint(got) != fmt.Sprint(matching) || pages != (len(matching)+49)/50 {
+		t.Fatalf("%d pages held %d letters, want %d in %d pages", pages, len(got), len(matching), (len(matching)+49)/50)
+	}
+
+	f.Through = matching[9]
+	page, next, err := deadletter.Page(ctx, js, "", f, 0, 50)
+	if err != nil || len(page) != 10 || next != 0 || page[9].Seq != matching[9] {
+		t.Fatalf("through %d: %d letters, next %d, %v", f.Through, len(page), next, err)
+	}
+	if _, _, err := deadletter.Page(ctx, js, "", f, 0, 0); err == nil {
+		t.Fatal("a page of 0 letters was accepted")
 	}
 }
