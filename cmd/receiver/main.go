@@ -63,13 +63,13 @@ func bind(s *envflag.Set, c *config) {
 	s.Check(func() error {
 		switch {
 		case c.secret == "" && c.twilioToken == "":
-			return errors.New("-sms-webhook-secret / SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN) is required: nothing could verify a receipt")
+			return errors.New("SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN) is required: nothing could verify a receipt")
 		case c.secret != "" && len(c.secret) < 16:
-			return errors.New("-sms-webhook-secret / SMS_WEBHOOK_SECRET must be at least 16 bytes")
+			return errors.New("SMS_WEBHOOK_SECRET must be at least 16 bytes")
 		case c.previousSecret != "" && c.secret == "":
-			return errors.New("-sms-webhook-secret-previous / SMS_WEBHOOK_SECRET_PREVIOUS is set without SMS_WEBHOOK_SECRET")
+			return errors.New("SMS_WEBHOOK_SECRET_PREVIOUS is set without SMS_WEBHOOK_SECRET")
 		case c.previousSecret != "" && len(c.previousSecret) < 16:
-			return errors.New("-sms-webhook-secret-previous / SMS_WEBHOOK_SECRET_PREVIOUS must be at least 16 bytes")
+			return errors.New("SMS_WEBHOOK_SECRET_PREVIOUS must be at least 16 bytes")
 		case c.twilioToken != "" && c.publicURL == "":
 			return errors.New("-receipts-public-url / RECEIPTS_PUBLIC_URL is required with TWILIO_AUTH_TOKEN: Twilio signs the URL it calls")
 		case (c.tlsCert == "") != (c.tlsKey == ""):
