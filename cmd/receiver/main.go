@@ -44,8 +44,7 @@ type config struct {
 }
 
 func bind(s *envflag.Set, c *config) {
-	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.DatabaseURL, "database-url")
+	service.BindDatabase(s, &c.DatabaseURL)
 	s.String(&c.addr, "receipts-addr", "RECEIPTS_ADDR", ":8088", "address the receipt endpoints listen on (the provider calls it)")
 	s.Secret(&c.secret, "sms-webhook-secret", "SMS_WEBHOOK_SECRET", "shared secret (at least 16 bytes) that signs generic receipts (Sendonce-Signature); enables /v1/receipts/generic")
 	s.Secret(&c.previousSecret, "sms-webhook-secret-previous", "SMS_WEBHOOK_SECRET_PREVIOUS", "the secret being rotated out, accepted as well until the provider signs with the new one")

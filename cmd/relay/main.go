@@ -153,8 +153,7 @@ type migrateConfig struct {
 
 func bindMigrate(s *envflag.Set, c *migrateConfig) {
 	s.Intro("relay migrate applies the embedded migrations (creating the database if it is missing; safe when several run at once), then exits.")
-	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.DatabaseURL, "database-url")
+	service.BindDatabase(s, &c.DatabaseURL)
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying (refused while sms_outbox holds rows: roll back binaries, not schema)")

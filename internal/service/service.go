@@ -54,8 +54,7 @@ type Settings struct {
 // BindConnections binds the settings a service needs to reach Postgres and
 // NATS; operator commands bind only these.
 func BindConnections(s *envflag.Set, c *Settings) {
-	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.DatabaseURL, "database-url")
+	BindDatabase(s, &c.DatabaseURL)
 	natsconn.Bind(s, &c.NATS)
 }
 
@@ -248,7 +247,7 @@ func OpenDatabase(ctx context.Context, databaseURL string, o Options, log *slog.
 	defer cancel()
 	poolCfg, err := outbox.PoolConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		return nil, errUnparsable
 	}
 	poolCfg.MaxConns = max(poolCfg.MaxConns, o.MinConns)
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
