@@ -44,8 +44,7 @@ type config struct {
 }
 
 func bind(s *envflag.Set, c *config) {
-	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.DatabaseURL, "database-url")
+	service.BindDatabase(s, &c.DatabaseURL)
 	s.String(&c.addr, "receipts-addr", "RECEIPTS_ADDR", ":8088", "address the receipt endpoints listen on (the provider calls it)")
 	s.Secret(&c.secret, "sms-webhook-secret", "SMS_WEBHOOK_SECRET", "shared secret (at least 16 bytes) that signs generic receipts (Sendonce-Signature); enables /v1/receipts/generic")
 	s.Secret(&c.previousSecret, "sms-webhook-secret-previous", "SMS_WEBHOOK_SECRET_PREVIOUS", "the secret being rotated out, accepted as well until the provider signs with the new one")
@@ -55,7 +54,7 @@ func bind(s *envflag.Set, c *config) {
 	s.String(&c.tlsCert, "receipts-tls-cert", "RECEIPTS_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with RECEIPTS_TLS_KEY (else terminate TLS in front)")
 	s.String(&c.tlsKey, "receipts-tls-key", "RECEIPTS_TLS_KEY", "", "private key file (PEM) of RECEIPTS_TLS_CERT")
 	s.Duration(&c.window, "receipts-batch-window", "RECEIPTS_BATCH_WINDOW", receiver.DefaultWindow, 0, time.Second, "how long a write waits for more receipts to share its transaction")
-	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", ":9103", "address for /metrics, /healthz and /readyz; empty disables")
+	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", "127.0.0.1:9103", "address for /metrics, /healthz and /readyz (this host only by default; \":PORT\" serves every interface, for a scraper or probe on another host); empty disables")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
@@ -63,13 +62,13 @@ func bind(s *envflag.Set, c *config) {
 	s.Check(func() error {
 		switch {
 		case c.secret == "" && c.twilioToken == "":
-			return errors.New("-sms-webhook-secret / SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN) is required: nothing could verify a receipt")
+			return errors.New("SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN) is required: nothing could verify a receipt")
 		case c.secret != "" && len(c.secret) < 16:
-			return errors.New("-sms-webhook-secret / SMS_WEBHOOK_SECRET must be at least 16 bytes")
+			return errors.New("SMS_WEBHOOK_SECRET must be at least 16 bytes")
 		case c.previousSecret != "" && c.secret == "":
-			return errors.New("-sms-webhook-secret-previous / SMS_WEBHOOK_SECRET_PREVIOUS is set without SMS_WEBHOOK_SECRET")
+			return errors.New("SMS_WEBHOOK_SECRET_PREVIOUS is set without SMS_WEBHOOK_SECRET")
 		case c.previousSecret != "" && len(c.previousSecret) < 16:
-			return errors.New("-sms-webhook-secret-previous / SMS_WEBHOOK_SECRET_PREVIOUS must be at least 16 bytes")
+			return errors.New("SMS_WEBHOOK_SECRET_PREVIOUS must be at least 16 bytes")
 		case c.twilioToken != "" && c.publicURL == "":
 			return errors.New("-receipts-public-url / RECEIPTS_PUBLIC_URL is required with TWILIO_AUTH_TOKEN: Twilio signs the URL it calls")
 		case (c.tlsCert == "") != (c.tlsKey == ""):

@@ -82,7 +82,7 @@ type config struct {
 }
 
 func bind(s *envflag.Set, c *config) {
-	service.Bind(s, &c.Settings, ":9101")
+	service.Bind(s, &c.Settings, "127.0.0.1:9101")
 	s.Int(&c.batchSize, "batch-size", "RELAY_BATCH_SIZE", relay.DefaultBatchSize, 1, 10000, "rows claimed per transaction")
 	s.Int(&c.workers, "workers", "RELAY_WORKERS", relay.DefaultWorkers, 1, 64, "batches in flight at once, each in its own transaction")
 	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", relay.DefaultPublishWindow, 1, 65536, "publications awaiting their PubAck at once")
@@ -153,8 +153,7 @@ type migrateConfig struct {
 
 func bindMigrate(s *envflag.Set, c *migrateConfig) {
 	s.Intro("relay migrate applies the embedded migrations (creating the database if it is missing; safe when several run at once), then exits.")
-	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.DatabaseURL, "database-url")
+	service.BindDatabase(s, &c.DatabaseURL)
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying (refused while sms_outbox holds rows: roll back binaries, not schema)")

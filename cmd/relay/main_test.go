@@ -357,8 +357,11 @@ func TestNotReadyWhenBatchesFail(t *testing.T) {
 		if code == 200 {
 			t.Fatalf("/readyz = 200 while every batch fails; stderr: %s", errOut.String())
 		}
-		// A batch failed on the missing grant, and /readyz says so.
-		return code == 503 && strings.Contains(body, "relay batch") && strings.Contains(errOut.String(), "permission denied")
+		// A batch failed on the missing grant, and the log says why
+		// /readyz answers "not ready" (its body says no more).
+		logs := errOut.String()
+		return code == 503 && body == "not ready\n" && strings.Contains(logs, "permission denied") &&
+			strings.Contains(logs, "not ready") && strings.Contains(logs, "relay batch")
 	})
 	cancel()
 	<-done

@@ -19,6 +19,7 @@ import (
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -73,8 +74,7 @@ func runOps(ctx context.Context, cmd string, args []string, getenv func(string) 
 	}
 	var c opsConfig
 	s := envflag.New("relay "+strings.TrimSpace(cmd+" "+verb), getenv, stderr)
-	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.databaseURL, "database-url")
+	service.BindDatabase(s, &c.databaseURL)
 	natsconn.Bind(s, &c.nats)
 	fs := s.FlagSet()
 	if cmd == "dlq" {

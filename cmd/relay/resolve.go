@@ -17,6 +17,7 @@ import (
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/service"
 )
 
 const resolveUsage = `relay resolve (-id ID | -all) [-dry-run] [-limit N]
@@ -36,8 +37,7 @@ type resolveConfig struct {
 }
 
 func bindResolve(s *envflag.Set, c *resolveConfig) {
-	s.Secret(&c.databaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.databaseURL, "database-url")
+	service.BindDatabase(s, &c.databaseURL)
 	provider.BindSettings(s, &c.provider)
 	fs := s.FlagSet()
 	fs.StringVar(&c.id, "id", "", "settle this row")

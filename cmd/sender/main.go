@@ -42,7 +42,7 @@ type config struct {
 }
 
 func bind(s *envflag.Set, c *config) {
-	service.Bind(s, &c.Settings, ":9102")
+	service.Bind(s, &c.Settings, "127.0.0.1:9102")
 	provider.BindSettings(s, &c.provider)
 	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight")
 	s.Duration(&c.lease, "lease", "SENDER_LEASE", 0, 0, time.Hour, "how long a claimed row is held for its attempt (0: 2*SMS_API_TIMEOUT+5s)")

@@ -2,7 +2,8 @@
 // an environment variable: the flag wins, then the variable, then the
 // default. A bad value stops start-up with an error naming the flag or the
 // variable it came from; "-h" lists every setting with its variable and
-// default. Secrets can also be read from a file named by VAR_FILE.
+// default. Secrets have no flag (a command line shows in ps): they come
+// from their variable or from a file named by VAR_FILE.
 package envflag
 
 import (
@@ -29,10 +30,12 @@ type Set struct {
 	// (a password in DATABASE_URL).
 	builtin map[string]string
 	secret  map[string]bool
-	order   []string // flags bound with a variable, in binding order
-	intro   string
-	name    string
-	output  io.Writer
+	// secretUsage is each secret's usage: a secret has no flag to hold it.
+	secretUsage map[string]string
+	order       []string // flags bound with a variable, in binding order
+	intro       string
+	name        string
+	output      io.Writer
 }
 
 // Setting describes one setting, for usage and for the generated
@@ -46,8 +49,9 @@ type Setting struct {
 	Default string
 	// Usage says what the setting does.
 	Usage string
-	// Secret settings may also be read from the file named by Env_FILE,
-	// and their values are never printed.
+	// Secret settings have no flag (Flag is only their name): they come
+	// from Env or from the file named by Env_FILE, and their values are
+	// never printed.
 	Secret bool
 }
 
@@ -57,7 +61,7 @@ func New(name string, getenv func(string) string, output io.Writer) *Set {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(output)
 	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}, builtin: map[string]string{}, secret: map[string]bool{},
-		name: name, output: output}
+		secretUsage: map[string]string{}, name: name, output: output}
 	fs.Usage = func() {
 		if s.intro != "" {
 			fmt.Fprintln(output, strings.TrimRight(s.intro, "\n"))
@@ -67,7 +71,12 @@ func New(name string, getenv func(string) string, output io.Writer) *Set {
 		for _, st := range s.Settings() {
 			env, def := st.Env, st.Default
 			if st.Secret {
-				st.Usage += fileNote(st.Env)
+				set := ""
+				if s.getenv(env) != "" || s.getenv(env+"_FILE") != "" {
+					set = ", set"
+				}
+				fmt.Fprintf(output, "  %s or %s_FILE  (secret, no flag%s)\n      %s\n", env, env, set, st.Usage)
+				continue
 			}
 			if def == "" {
 				def = `""`
@@ -94,10 +103,11 @@ func (s *Set) Intro(text string) { s.intro = text }
 func (s *Set) Settings() []Setting {
 	var out []Setting
 	for _, name := range s.order {
-		f := s.fs.Lookup(name)
-		st := Setting{Flag: name, Env: s.byFlag[name], Default: s.builtin[name], Usage: f.Usage, Secret: s.secret[name]}
+		st := Setting{Flag: name, Env: s.byFlag[name], Default: s.builtin[name], Secret: s.secret[name]}
 		if st.Secret {
-			st.Usage = strings.TrimSuffix(st.Usage, fileNote(st.Env))
+			st.Usage = s.secretUsage[name]
+		} else {
+			st.Usage = s.fs.Lookup(name).Usage
 		}
 		out = append(out, st)
 	}
@@ -150,11 +160,16 @@ func (s *Set) String(p *string, name, env, def, usage string) {
 	s.fs.StringVar(p, name, def, usage)
 }
 
-// Secret binds a string setting that may also come from the file named by
-// ENV_FILE (trailing newlines trimmed). Its value is never printed.
+// Secret binds a string setting that comes from the variable env or from
+// the file named by ENV_FILE (trailing newlines trimmed). It has no flag:
+// a command line shows in ps and in /proc to every user of the host, so
+// "-name" on the command line is refused (Parse), naming the variables to
+// use instead. name only identifies the setting. Its value is never
+// printed.
 func (s *Set) Secret(p *string, name, env, usage string) {
 	v, _ := s.env(name, env, "")
 	s.secret[name] = true
+	s.secretUsage[name] = usage
 	if path := s.getenv(env + "_FILE"); path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -166,11 +181,27 @@ func (s *Set) Secret(p *string, name, env, usage string) {
 		}
 	}
 	*p = v
-	s.fs.Func(name, usage+fileNote(env), func(x string) error { *p = x; return nil })
 }
 
-// fileNote is what a secret's usage says of its file variable.
-func fileNote(env string) string { return " (also " + env + "_FILE)" }
+// secretFlags returns an error naming each secret given as a flag in args,
+// never its value.
+func (s *Set) secretFlags(args []string) error {
+	var errs []error
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if s.secret[name] {
+			env := s.byFlag[name]
+			errs = append(errs, fmt.Errorf("-%s: a secret is not taken from the command line (it shows in ps); set %s or %s_FILE", name, env, env))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // Int binds an integer setting within [lo, hi].
 func (s *Set) Int(p *int, name, env string, def, lo, hi int, usage string) {
@@ -258,9 +289,13 @@ func (s *Set) Enum(p *string, name, env, def string, choices []string, usage str
 // Required marks a string setting that must be non-empty.
 func (s *Set) Required(p *string, name string) {
 	env := s.byFlag[name]
+	what := "-" + name + " / " + env
+	if s.secret[name] {
+		what = env + " (or " + env + "_FILE)"
+	}
 	s.checks = append(s.checks, func() error {
 		if strings.TrimSpace(*p) == "" {
-			return fmt.Errorf("-%s / %s is required", name, env)
+			return fmt.Errorf("%s is required", what)
 		}
 		return nil
 	})
@@ -293,6 +328,9 @@ func (s *Set) Check(fn func() error) { s.checks = append(s.checks, fn) }
 // returns flag.ErrHelp for -h. Errors from environment variables are
 // reported together, each naming its variable.
 func (s *Set) Parse(args []string) error {
+	if err := s.secretFlags(args); err != nil {
+		return err
+	}
 	if err := s.fs.Parse(args); err != nil {
 		return err
 	}

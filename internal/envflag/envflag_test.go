@@ -67,15 +67,15 @@ func TestSources(t *testing.T) {
 			want: func(c *config) {
 				c.natsURL, c.mode, c.apiKey, c.workers, c.ratio, c.timeout, c.verbose = "tls://nats:4222", "safe", "k1", 16, 0.25, 250*time.Millisecond, true
 			}},
-		{name: "flags", env: base(), args: []string{"-nats-url", "nats://b:1", "-mode=safe", "-api-key", "k2", "-workers", "2", "-ratio", "1", "-timeout", "1m", "-verbose", "-database-url", "postgres://other/db"},
+		{name: "flags", env: base(), args: []string{"-nats-url", "nats://b:1", "-mode=safe", "-workers", "2", "-ratio", "1", "-timeout", "1m", "-verbose", "-database-url", "postgres://other/db"},
 			want: func(c *config) {
-				c.natsURL, c.mode, c.apiKey, c.workers, c.ratio, c.timeout, c.verbose, c.dbURL = "nats://b:1", "safe", "k2", 2, 1, time.Minute, true, "postgres://other/db"
+				c.natsURL, c.mode, c.workers, c.ratio, c.timeout, c.verbose, c.dbURL = "nats://b:1", "safe", 2, 1, time.Minute, true, "postgres://other/db"
 			}},
 		{name: "flags override the environment",
 			env:  base("NATS_URL", "tls://nats:4222", "MODE", "safe", "API_KEY", "k1", "WORKERS", "16", "RATIO", "0.25", "TIMEOUT", "250ms", "VERBOSE", "true"),
-			args: []string{"-nats-url", "nats://b:1", "-mode", "fast", "-api-key", "k2", "-workers", "3", "-ratio", "0.75", "-timeout", "2s", "-verbose=false"},
+			args: []string{"-nats-url", "nats://b:1", "-mode", "fast", "-workers", "3", "-ratio", "0.75", "-timeout", "2s", "-verbose=false"},
 			want: func(c *config) {
-				c.natsURL, c.mode, c.apiKey, c.workers, c.ratio, c.timeout, c.verbose = "nats://b:1", "fast", "k2", 3, 0.75, 2*time.Second, false
+				c.natsURL, c.mode, c.apiKey, c.workers, c.ratio, c.timeout, c.verbose = "nats://b:1", "fast", "k1", 3, 0.75, 2*time.Second, false
 			}},
 		{name: "an empty variable is unset", env: base("WORKERS", "", "MODE", ""), want: func(*config) {}},
 	}
@@ -209,8 +209,11 @@ func TestSecretFromFile(t *testing.T) {
 		{name: "file with CRLF", env: base("API_KEY_FILE", crlf), want: "s3cret-crlf"},
 		{name: "file without newline", env: base("API_KEY_FILE", bare), want: "s3cret-bare"},
 		{name: "only trailing newlines go", env: base("API_KEY_FILE", inner), want: "two\nlines"},
-		{name: "flag beats file", env: base("API_KEY_FILE", lf), args: []string{"-api-key", "s3cret-flag"}, want: "s3cret-flag"},
-		{name: "flag beats variable", env: base("API_KEY", "s3cret-env"), args: []string{"-api-key", "s3cret-flag"}, want: "s3cret-flag"},
+		// A command line shows in ps: a secret has no flag, and the error
+		// names the variables to use, never the value.
+		{name: "flag refused", env: base(), args: []string{"-api-key", "s3cret-flag"}, err: []string{"-api-key", "API_KEY or API_KEY_FILE", "command line"}},
+		{name: "flag= refused", env: base("API_KEY_FILE", lf), args: []string{"--api-key=s3cret-flag"}, err: []string{"-api-key", "API_KEY_FILE"}},
+		{name: "flag refused after others", env: base(), args: []string{"-workers", "2", "-api-key", "s3cret-flag"}, err: []string{"-api-key"}},
 		{name: "unset", env: base(), want: ""},
 		{name: "both set", env: base("API_KEY", "s3cret-env", "API_KEY_FILE", lf), err: []string{"API_KEY and API_KEY_FILE"}},
 		{name: "missing file", env: base("API_KEY_FILE", filepath.Join(dir, "nope")), err: []string{"API_KEY_FILE"}},
@@ -273,7 +276,6 @@ func TestHelp(t *testing.T) {
 					{"-database-url", "DATABASE_URL", `""`},
 					{"-nats-url", "NATS_URL", "nats://127.0.0.1:4222"},
 					{"-mode", "MODE", "fast"},
-					{"-api-key", "API_KEY", `""`},
 					{"-workers", "WORKERS", "8"},
 					{"-ratio", "RATIO", "0.5"},
 					{"-timeout", "TIMEOUT", "10s"},
@@ -294,8 +296,12 @@ func TestHelp(t *testing.T) {
 						t.Errorf("usage line %q does not contain %q", line, want)
 					}
 				}
-				if !strings.Contains(usage, "API_KEY_FILE") {
-					t.Errorf("usage does not mention API_KEY_FILE:\n%s", usage)
+				wantSecret := "API_KEY or API_KEY_FILE  (secret, no flag)"
+				if tt.env["API_KEY"] != "" || tt.env["API_KEY_FILE"] != "" {
+					wantSecret = "API_KEY or API_KEY_FILE  (secret, no flag, set)"
+				}
+				if !strings.Contains(usage, wantSecret) || strings.Contains(usage, "-api-key") {
+					t.Errorf("usage does not list API_KEY as %q without a flag:\n%s", wantSecret, usage)
 				}
 				if strings.Contains(usage, "s3cret") {
 					t.Errorf("usage prints a secret:\n%s", usage)
@@ -346,7 +352,7 @@ func TestSettings(t *testing.T) {
 	}
 	md := envflag.Markdown(s.Settings())
 	for _, row := range []string{
-		"| `API_KEY` or `API_KEY_FILE` | `-api-key` |  | provider API key |\n",
+		"| `API_KEY` or `API_KEY_FILE` | none (secret) |  | provider API key |\n",
 		"| `WORKERS` | `-workers` | `8` | worker count |\n", // the built-in default, not the environment's
 		"|  | `-down` | `0` | revert this many |\n",
 	} {

@@ -22,7 +22,11 @@ func Markdown(settings []Setting) string {
 		if st.Default != "" {
 			def = "`" + st.Default + "`"
 		}
-		fmt.Fprintf(&b, "| %s | `-%s` | %s | %s |\n", env, st.Flag, def, cell(st.Usage))
+		flag := "`-" + st.Flag + "`"
+		if st.Secret {
+			flag = "none (secret)"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", env, flag, def, cell(st.Usage))
 	}
 	return b.String()
 }

@@ -395,13 +395,18 @@ func EnsureDatabase(ctx context.Context, dsn string) (*pgx.Conn, bool, error) {
 	if err == nil {
 		return conn, false, nil
 	}
+	if _, perr := pgx.ParseConfig(dsn); perr != nil {
+		// pgx's parse errors quote dsn, masking the password only where
+		// they find it: say no more than that it does not parse.
+		return nil, false, errors.New("cannot parse the connection string (left out: it may hold a password)")
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
 		return nil, false, fmt.Errorf("connect: %w", err)
 	}
 	cfg, perr := pgx.ParseConfig(dsn)
 	if perr != nil {
-		return nil, false, fmt.Errorf("parse database url: %w", perr)
+		return nil, false, errors.New("cannot parse the connection string (left out: it may hold a password)")
 	}
 	name := cfg.Database
 	cfg.Database = "postgres"

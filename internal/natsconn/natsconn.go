@@ -50,6 +50,9 @@ type Config struct {
 	// CAFile verifies the server's certificate; CertFile and KeyFile are
 	// the client certificate for mutual TLS.
 	CAFile, CertFile, KeyFile string
+	// AllowInsecure (NATS_ALLOW_INSECURE) accepts credentials sent to a
+	// server other than this host without TLS.
+	AllowInsecure bool
 }
 
 // Bind binds the NATS settings to s: NATS_URL, NATS_USER, NATS_PASSWORD
@@ -65,6 +68,8 @@ func Bind(s *envflag.Set, c *Config) {
 	s.String(&c.CAFile, "nats-ca", "NATS_CA", "", "CA certificate file to verify the NATS server")
 	s.String(&c.CertFile, "nats-cert", "NATS_CERT", "", "client certificate file for mutual TLS")
 	s.String(&c.KeyFile, "nats-key", "NATS_KEY", "", "client key file for mutual TLS")
+	s.Bool(&c.AllowInsecure, "nats-allow-insecure", "NATS_ALLOW_INSECURE", false,
+		"accept credentials (NATS_USER/NATS_PASSWORD, NATS_TOKEN, NATS_NKEY, NATS_CREDS, or a URL's user) sent to a server other than this host without TLS (a tls:// or wss:// URL, or NATS_CA or NATS_CERT)")
 	s.Check(c.validate)
 }
 
@@ -86,6 +91,9 @@ func (c *Config) validate() error {
 	case (c.CertFile == "") != (c.KeyFile == ""):
 		return errors.New("NATS_CERT and NATS_KEY go together")
 	}
+	if err := c.checkTLS(); err != nil {
+		return err
+	}
 	for env, f := range map[string]string{"NATS_NKEY": c.NKeySeedFile, "NATS_CREDS": c.CredsFile, "NATS_CA": c.CAFile, "NATS_CERT": c.CertFile, "NATS_KEY": c.KeyFile} {
 		if f == "" {
 			continue
@@ -95,6 +103,42 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// checkTLS refuses credentials bound for a server other than this host
+// over plain nats:// or ws://, where they, and every message after them,
+// cross the network in clear, unless AllowInsecure. TLS is a tls:// or
+// wss:// URL, or NATS_CA or NATS_CERT (which make the client require it).
+func (c *Config) checkTLS() error {
+	if c.AllowInsecure || c.CAFile != "" || c.CertFile != "" {
+		return nil
+	}
+	auth := c.User != "" || c.Token != "" || c.NKeySeedFile != "" || c.CredsFile != ""
+	urls, _ := SplitURL(c.URL)
+	for i, raw := range urls {
+		u, err := url.Parse(raw)
+		if err != nil {
+			continue // SplitURL accepted it
+		}
+		if u.Scheme == "tls" || u.Scheme == "wss" || loopback(u.Hostname()) {
+			continue
+		}
+		if auth || u.User != nil {
+			return fmt.Errorf("NATS_URL: credentials would go to server %d of %d, not on this host, without TLS: use a tls:// URL or set NATS_CA, "+
+				"or NATS_ALLOW_INSECURE=true to accept it", i+1, len(urls))
+		}
+	}
+	return nil
+}
+
+// loopback reports whether host is this host: localhost or a loopback
+// address.
+func loopback(host string) bool {
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // SplitURL splits a NATS_URL, one URL or a comma-separated list of cluster

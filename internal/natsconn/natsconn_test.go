@@ -174,3 +174,55 @@ func TestBindAcceptsSeeds(t *testing.T) {
 		t.Fatalf("SplitURL = %q, %v", urls, err)
 	}
 }
+
+// Credentials bound for a server other than this host need TLS (a tls://
+// or wss:// URL, NATS_CA or NATS_CERT) or NATS_ALLOW_INSECURE=true; the
+// refusal names both and never the credential.
+func TestCredentialsOffThisHostNeedTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	seed := filepath.Join(dir, "user.nk")
+	for _, f := range []string{ca, seed} {
+		if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		env map[string]string
+		ok  bool
+	}{
+		{map[string]string{"NATS_URL": "nats://nats.example:4222"}, true}, // no credentials
+		{map[string]string{"NATS_URL": "nats://127.0.0.1:4222", "NATS_USER": "u", "NATS_PASSWORD": "s3cret-pw"}, true},
+		{map[string]string{"NATS_URL": "nats://localhost:4222", "NATS_TOKEN": "s3cret-token"}, true},
+		{map[string]string{"NATS_URL": "nats://[::1]:4222", "NATS_TOKEN": "s3cret-token"}, true},
+		{map[string]string{"NATS_URL": "tls://nats.example:4222", "NATS_TOKEN": "s3cret-token"}, true},
+		{map[string]string{"NATS_URL": "wss://nats.example:443", "NATS_TOKEN": "s3cret-token"}, true},
+		{map[string]string{"NATS_URL": "nats://nats.example:4222", "NATS_TOKEN": "s3cret-token", "NATS_CA": ca}, true},
+		{map[string]string{"NATS_URL": "nats://nats.example:4222", "NATS_TOKEN": "s3cret-token", "NATS_ALLOW_INSECURE": "true"}, true},
+
+		{map[string]string{"NATS_URL": "nats://nats.example:4222", "NATS_USER": "u", "NATS_PASSWORD": "s3cret-pw"}, false},
+		{map[string]string{"NATS_URL": "nats://10.0.0.7:4222", "NATS_TOKEN": "s3cret-token"}, false},
+		{map[string]string{"NATS_URL": "ws://nats.example:80", "NATS_TOKEN": "s3cret-token"}, false},
+		{map[string]string{"NATS_URL": "nats://nats.example:4222", "NATS_NKEY": seed}, false},
+		{map[string]string{"NATS_URL": "nats://nats.example:4222", "NATS_CREDS": seed}, false},
+		{map[string]string{"NATS_URL": "nats://u:s3cret-pw@nats.example:4222"}, false},
+		{map[string]string{"NATS_URL": "tls://a.example:4222,nats://b.example:4222", "NATS_TOKEN": "s3cret-token"}, false},
+		{map[string]string{"NATS_URL": "nats://127.0.0.1:4222,nats://b.example:4222", "NATS_TOKEN": "s3cret-token"}, false},
+	}
+	for _, tt := range cases {
+		var c natsconn.Config
+		s := envflag.New("t", func(k string) string { return tt.env[k] }, &strings.Builder{})
+		natsconn.Bind(s, &c)
+		err := s.Parse(nil)
+		if tt.ok != (err == nil) {
+			t.Errorf("%v: Parse = %v, want ok %v", tt.env, err, tt.ok)
+			continue
+		}
+		if err != nil {
+			if msg := err.Error(); !strings.Contains(msg, "NATS_URL") || !strings.Contains(msg, "NATS_ALLOW_INSECURE=true") || strings.Contains(msg, "s3cret") {
+				t.Errorf("%v: error %q does not name NATS_URL and NATS_ALLOW_INSECURE, or holds the credential", tt.env, msg)
+			}
+		}
+	}
+}

@@ -92,6 +92,11 @@ type Client struct {
 	lookup func(ctx context.Context, q LookupQuery) ([]Found, error)
 }
 
+// MaxResponseHeaderBytes bounds the headers of a provider's answer: a
+// larger answer fails the attempt (as an answer lost after the request was
+// sent).
+const MaxResponseHeaderBytes = 64 << 10
+
 // New returns a client, or an error naming the invalid setting.
 func New(cfg Config) (*Client, error) {
 	cfg.Timeout = cmp.Or(cfg.Timeout, 10*time.Second)
@@ -122,6 +127,13 @@ func New(cfg Config) (*Client, error) {
 			IdleConnTimeout:     90 * time.Second,
 			TLSHandshakeTimeout: cfg.ConnectTimeout,
 			ForceAttemptHTTP2:   true,
+			// A provider's answer has a few hundred bytes of headers;
+			// Go's default allows 10 MiB, which a broken or hostile
+			// endpoint could make every attempt of every sender read.
+			MaxResponseHeaderBytes: MaxResponseHeaderBytes,
+			// The attempt's context already ends a stalled answer; this
+			// bounds the wait for headers in the transport itself.
+			ResponseHeaderTimeout: cfg.Timeout,
 		}
 	}
 	c := &Client{

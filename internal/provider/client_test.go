@@ -633,6 +633,13 @@ func TestSendTransportFailures(t *testing.T) {
 			s.readRequest(br, n)
 			_, _ = io.WriteString(c, "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"id\"\r\n")
 		}},
+		// Headers past MaxResponseHeaderBytes fail the attempt instead of
+		// being read up to Go's 10 MiB default.
+		{name: "headers beyond the limit", handle: func(s *rawServer, c net.Conn, br *bufio.Reader, n int) {
+			s.readRequest(br, n)
+			_, _ = io.WriteString(c, "HTTP/1.1 201 Created\r\nX-Pad: "+strings.Repeat("a", provider.MaxResponseHeaderBytes)+"\r\n"+
+				"X-Pad2: "+strings.Repeat("b", 1<<20)+"\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"id\":\"m1\"}")
+		}},
 		{name: "no answer within the timeout", hang: true, handle: func(s *rawServer, c net.Conn, br *bufio.Reader, n int) {
 			s.readRequest(br, n)
 			waitForClient(c)

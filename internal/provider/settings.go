@@ -61,7 +61,7 @@ func (c *Settings) check() error {
 	case c.Kind == "twilio" && c.TwilioSID == "":
 		return errors.New("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with SMS_PROVIDER=twilio")
 	case c.Kind == "twilio" && c.TwilioToken == "":
-		return errors.New("-twilio-auth-token / TWILIO_AUTH_TOKEN is required with SMS_PROVIDER=twilio")
+		return errors.New("TWILIO_AUTH_TOKEN is required with SMS_PROVIDER=twilio")
 	case c.Kind == "twilio" && c.TwilioFrom == "" && c.TwilioService == "":
 		return errors.New("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with SMS_PROVIDER=twilio")
 	case strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure:

@@ -54,17 +54,17 @@ type Settings struct {
 // BindConnections binds the settings a service needs to reach Postgres and
 // NATS; operator commands bind only these.
 func BindConnections(s *envflag.Set, c *Settings) {
-	s.Secret(&c.DatabaseURL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password)")
-	s.Required(&c.DatabaseURL, "database-url")
+	BindDatabase(s, &c.DatabaseURL)
 	natsconn.Bind(s, &c.NATS)
 }
 
-// Bind binds every shared setting; httpAddr is the default of HTTP_ADDR,
-// which differs between the binaries so they can share a host.
+// Bind binds every shared setting; httpAddr is the default of HTTP_ADDR, a
+// loopback address whose port differs between the binaries so they can
+// share a host.
 func Bind(s *envflag.Set, c *Settings, httpAddr string) {
 	BindConnections(s, c)
 	streams.Bind(s, &c.Topology)
-	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "address for /metrics, /healthz and /readyz; empty disables")
+	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "address for /metrics, /healthz and /readyz (this host only by default; \":PORT\" serves every interface, for a scraper or probe on another host); empty disables")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
@@ -248,7 +248,7 @@ func OpenDatabase(ctx context.Context, databaseURL string, o Options, log *slog.
 	defer cancel()
 	poolCfg, err := outbox.PoolConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		return nil, errUnparsable
 	}
 	poolCfg.MaxConns = max(poolCfg.MaxConns, o.MinConns)
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
