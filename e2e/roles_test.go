@@ -161,6 +161,11 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 		{appPool, "app", `SELECT body FROM sms_outbox LIMIT 1`},
 		{appPool, "app", `UPDATE sms_outbox SET status = 'sent'`},
 		{appPool, "app", `DELETE FROM sms_outbox`},
+		{appPool, "app", `SELECT status, last_error FROM sms_outbox LIMIT 1`},
+		{appPool, "app", `SELECT sendonce_purge('1 hour', 10)`},
+		{relayPool, "relay", `DELETE FROM sms_outbox`},
+		{relayPool, "relay", `DELETE FROM sms_attempts`},
+		{senderPool, "sender", `SELECT sendonce_purge('1 hour', 10)`},
 		{relayPool, "relay", `SELECT to_e164 FROM sms_outbox LIMIT 1`},
 		{relayPool, "relay", `SELECT body FROM sms_outbox LIMIT 1`},
 		{relayPool, "relay", `UPDATE sms_outbox SET body = 'x'`},
@@ -185,6 +190,121 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || (pgErr.Code != "42501" && pgErr.Code != "42P01") {
 			t.Errorf("%s ran %q: err %v, want insufficient_privilege", r.who, r.sql, err)
+		}
+	}
+}
+
+// The relay deletes only through sendonce_purge, which removes finished rows
+// and nothing else; the application reads a row's status only through
+// sendonce_status, by the row's id.
+func TestPurgeAndStatusThroughFunctions(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewMigrated(t)
+	owner := newPool(t, dbURL)
+	appPool := asRole(t, dbURL, "sendonce_app")
+	relayPool := asRole(t, dbURL, "sendonce_relay")
+	ctx := context.Background()
+
+	// One row per case, each last changed two hours ago but "recent".
+	type kase struct {
+		name, status string
+		letter       bool
+		recent       bool
+		purged       bool
+	}
+	cases := []kase{
+		{name: "pending", status: "pending"},
+		{name: "queued", status: "queued"},
+		{name: "sending", status: "sending"},
+		{name: "unknown", status: "unknown"},
+		{name: "dead without its letter", status: "dead"},
+		{name: "sent recently", status: "sent", recent: true},
+		{name: "sent", status: "sent", purged: true},
+		{name: "delivered", status: "delivered", purged: true},
+		{name: "undelivered", status: "undelivered", purged: true},
+		{name: "dead with its letter", status: "dead", letter: true, purged: true},
+	}
+	ids := make([]uuid.UUID, len(cases))
+	for i, c := range cases {
+		ids[i] = uuid.New()
+		updated := time.Now().Add(-2 * time.Hour)
+		if c.recent {
+			updated = time.Now()
+		}
+		var letter *int64
+		if c.letter {
+			letter = new(int64)
+		}
+		reason := map[string]any{"dead": "permanent", "unknown": "ambiguous"}[c.status]
+		if _, err := owner.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, updated_at, letter_seq, end_reason, last_error)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, 'x')`, ids[i], testPhone(i), testBody(i), c.status, updated, letter, reason); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := owner.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, outcome) VALUES ($1, 1, now(), 'retry')`, ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending := ids[0]
+
+	refused := func(pool *pgxpool.Pool, who, sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql, args...)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s ran %q: err %v, want insufficient_privilege", who, sql, err)
+		}
+	}
+	refused(relayPool, "relay", `DELETE FROM sms_outbox WHERE id = $1`, pending)
+	refused(relayPool, "relay", `DELETE FROM sms_attempts WHERE outbox_id = $1`, pending)
+	refused(appPool, "app", `SELECT status, last_error FROM sms_outbox WHERE id = $1`, ids[6])
+
+	// The application reads the status of a row by its id, and of no row
+	// without one.
+	st, err := app.Status(ctx, appPool, ids[6])
+	if err != nil || st.ID != ids[6] || st.Status != outbox.StatusSent || st.LastError != "x" {
+		t.Fatalf("Status as the app: %+v, %v", st, err)
+	}
+	if _, err := app.Status(ctx, appPool, uuid.New()); !errors.Is(err, app.ErrNotFound) {
+		t.Fatalf("Status of a missing row as the app: %v, want ErrNotFound", err)
+	}
+	if err := pgx.BeginFunc(ctx, appPool, func(tx pgx.Tx) error {
+		_, err := app.Status(ctx, tx, ids[0])
+		return err
+	}); err != nil {
+		t.Fatalf("Status in a transaction as the app: %v", err)
+	}
+
+	// The function refuses what the retention rule does not allow.
+	for _, sql := range []string{`SELECT sendonce_purge('0', 10)`, `SELECT sendonce_purge('-1 hour', 10)`,
+		`SELECT sendonce_purge('1 hour', 0)`, `SELECT sendonce_purge('1 hour', 10001)`} {
+		_, err := relayPool.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "22023" {
+			t.Errorf("relay ran %q: err %v, want invalid_parameter_value", sql, err)
+		}
+	}
+
+	// Two batches of at most 3: every finished row older than the hour,
+	// with its attempts; nothing else.
+	var total int64
+	for range 3 {
+		n, err := outbox.Purge(ctx, relayPool, time.Hour, 3)
+		if err != nil {
+			t.Fatalf("purge as the relay: %v", err)
+		}
+		total += n
+	}
+	if total != 4 {
+		t.Errorf("purged %d rows, want 4", total)
+	}
+	for i, c := range cases {
+		var rows, attempts int
+		if err := owner.QueryRow(ctx, `SELECT (SELECT count(*) FROM sms_outbox WHERE id = $1),
+			(SELECT count(*) FROM sms_attempts WHERE outbox_id = $1)`, ids[i]).Scan(&rows, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		if gone := rows == 0 && attempts == 0; gone != c.purged || (rows == 1) != (attempts == 1) {
+			t.Errorf("%s row: %d rows, %d attempts left; want purged %v", c.name, rows, attempts, c.purged)
 		}
 	}
 }

@@ -115,12 +115,14 @@ with a message.
 # What the application needs
 
 The table and the rest of the schema come from "relay migrate". An
-application role needs only INSERT on (id, to_e164, body) and SELECT on the
-status columns; the migrations create such a role, sendonce_app.
+application role needs only INSERT on (id, to_e164, body) and EXECUTE on
+the function sendonce_status, which returns the status columns of the one
+row whose id it is given; the migrations create such a role, sendonce_app.
+It cannot read the table itself: not another row's status, number or body.
 
 An application in another language writes the same row itself:
 
 	INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3);  -- $1: a random UUID
-	SELECT status, provider_ref, last_error FROM sms_outbox WHERE id = $1;
+	SELECT status, provider_ref, last_error FROM sendonce_status($1);
 */
 package outbox

@@ -296,12 +296,28 @@ type SQLQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-const statusSQL = `SELECT id, status, attempt_count, provider_ref, last_error, created_at, updated_at
+// statusSQL reads one row's status through the function sendonce_status
+// (migration 0010): the application's role holds no SELECT on sms_outbox,
+// so it reads the rows whose ids it was given and no other. legacySQL is
+// the read of a schema older than that function.
+const (
+	statusSQL = `SELECT id, status, attempt_count, provider_ref, last_error, created_at, updated_at
+	FROM sendonce_status($1)`
+	legacySQL = `SELECT id, status, attempt_count, provider_ref, last_error, created_at, updated_at
 	FROM sms_outbox WHERE id = $1`
+)
 
 // Status returns the status of the message id, or ErrNotFound.
+//
+// On a database not yet migrated to sendonce_status it reads the table, as
+// the releases before did, so that applications can be upgraded before the
+// schema; inside a transaction that fallback is not possible (the failed
+// call has aborted it) and the error is returned.
 func Status(ctx context.Context, db Querier, id uuid.UUID) (MessageStatus, error) {
 	st, err := scanStatus(db.QueryRow(ctx, statusSQL, id).Scan)
+	if _, inTx := db.(pgx.Tx); undefinedFunction(err) && !inTx {
+		st, err = scanStatus(db.QueryRow(ctx, legacySQL, id).Scan)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return MessageStatus{}, ErrNotFound
 	}
@@ -311,10 +327,20 @@ func Status(ctx context.Context, db Querier, id uuid.UUID) (MessageStatus, error
 // StatusSQL is Status for database/sql.
 func StatusSQL(ctx context.Context, db SQLQuerier, id uuid.UUID) (MessageStatus, error) {
 	st, err := scanStatus(db.QueryRowContext(ctx, statusSQL, id).Scan)
+	if _, inTx := db.(*sql.Tx); undefinedFunction(err) && !inTx {
+		st, err = scanStatus(db.QueryRowContext(ctx, legacySQL, id).Scan)
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return MessageStatus{}, ErrNotFound
 	}
 	return st, err
+}
+
+// undefinedFunction reports whether err is Postgres's undefined_function
+// (42883), from any driver that reports the SQLSTATE.
+func undefinedFunction(err error) bool {
+	var st interface{ SQLState() string }
+	return err != nil && errors.As(err, &st) && st.SQLState() == "42883"
 }
 
 // scanStatus scans a row of statusSQL; a missing row's error is returned

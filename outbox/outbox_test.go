@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/sendonce/sendonce"
+	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -339,5 +341,49 @@ func TestPriority(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, priority) VALUES (gen_random_uuid(), '+15551234567', 'x', 7)`); err == nil {
 		t.Error("the database took priority 7")
+	}
+}
+
+// On a schema from before sendonce_status, Status reads the table, as
+// earlier releases did, so applications can be upgraded before the schema;
+// inside a transaction it cannot, and says so.
+func TestStatusOnASchemaBeforeTheStatusFunction(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before []migrate.Migration
+	for _, m := range migs {
+		if m.Version < 10 {
+			before = append(before, m)
+		}
+	}
+	if _, err := migrate.Up(ctx, conn, before); err != nil {
+		t.Fatal(err)
+	}
+	var id uuid.UUID
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		id, err = outbox.Enqueue(ctx, tx, "+15551234567", "hello")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := outbox.Status(ctx, conn, id); err != nil || st.Status != outbox.StatusPending {
+		t.Fatalf("Status before 0010: %+v, %v", st, err)
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := outbox.Status(ctx, tx, id)
+		return err
+	})
+	if err == nil {
+		t.Fatal("Status in a transaction before 0010 succeeded")
 	}
 }

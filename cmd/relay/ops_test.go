@@ -6,14 +6,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
@@ -402,5 +405,75 @@ func TestDLQReplayCommitsInBatches(t *testing.T) {
 	}
 	if dead != 2 {
 		t.Fatalf("%d of the 2 rows beyond -limit are still dead", dead)
+	}
+}
+
+// hostile is text a forged dead letter or a compromised writer of a row
+// could carry: a terminal title and screen-clear sequence, a C1 CSI, bidi
+// overrides and isolates, marks, a line separator and a phone number.
+const hostile = "\x1b]0;pwned\x07 \u202eevil\u202c \u009b2J \u2066x\u2069 \u200e\u200f\u061c\u2028 call +1 - 555 - 123 - 4567"
+
+// hostileName is hostile without the number, for identifiers an operator
+// searches by (a provider's id, a sender's name), which are shown as they
+// are but for the controls.
+const hostileName = "\x1b]0;pwned\x07\u202eevil\u202c\u009b2J\u2066x\u2069\u200e\u200f\u061c\u2028"
+
+// shown reports what of hostile's payload is left in operator output.
+func shown(out string) []string {
+	var left []string
+	for _, r := range out {
+		if r != '\n' && (unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)) {
+			left = append(left, fmt.Sprintf("%U", r))
+		}
+	}
+	if strings.Contains(out, "4567") {
+		left = append(left, "the number")
+	}
+	return left
+}
+
+// A forged dead letter and a row whose text holds terminal controls, bidi
+// overrides and a number print cleaned in dlq list and trace.
+func TestOperatorOutputIsCleaned(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	ctx := context.Background()
+	id := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET last_error = $2, provider_ref = $3 WHERE id = $1`, id, hostile, hostileName); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.pool.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, outcome, error, sender)
+		VALUES ($1, 2, now(), 'retry', $2, $3)`, id, hostile, hostileName); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.pool.Exec(ctx, `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, detail, source)
+		VALUES ($1, 'lookup', $2, $3, $2, $2)`, id, hostile, hostileName); err != nil {
+		t.Fatal(err)
+	}
+	// A letter crafted on the dead-letter subject, not by a sender.
+	_, js := o.nats.Connect(t)
+	m := nats.NewMsg(streams.SubjectDeadLetter)
+	m.Data = []byte(hostile)
+	m.Header.Set(wire.HeaderOutboxID, id.String())
+	m.Header.Set(wire.HeaderReason, hostile)
+	m.Header.Set(wire.HeaderError, hostile)
+	m.Header.Set(wire.HeaderGen, "7")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := o.run(t, "dlq", "list")
+	if code != 0 || !strings.Contains(out, "2 dead letters") {
+		t.Fatalf("dlq list: exit %d %s\n%s", code, errOut, out)
+	}
+	if left := shown(out); len(left) > 0 {
+		t.Errorf("dlq list shows %v:\n%q", left, out)
+	}
+	code, out, errOut = o.run(t, "trace", id.String())
+	if code != 0 || !strings.Contains(out, "dead letters (2)") || !strings.Contains(out, "evil") {
+		t.Fatalf("trace: exit %d %s\n%s", code, errOut, out)
+	}
+	if left := shown(out); len(left) > 0 {
+		t.Errorf("trace shows %v:\n%q", left, out)
 	}
 }

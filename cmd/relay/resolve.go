@@ -17,6 +17,7 @@ import (
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/safetext"
 	"github.com/sendonce/sendonce/internal/service"
 )
 
@@ -161,7 +162,9 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 		if x.settle.Status == outbox.StatusDead && x.err == nil {
 			verdict += " (it never reached the provider: relay dlq replay -id " + x.row.ID.String() + " sends it)"
 		}
-		fmt.Fprintf(out, "%s  %s -> %s\n", x.row.ID, x.settle.Lookup.Detail, verdict)
+		// The detail and an error may carry a provider's or the
+		// database's words: no terminal controls or bidi overrides.
+		fmt.Fprintf(out, "%s  %s -> %s\n", x.row.ID, safetext.Field(x.settle.Lookup.Detail), safetext.Clean(verdict))
 	}
 	fmt.Fprintf(out, "looked up %d of %d unknown rows: sent %d, delivered %d, undelivered %d, dead %d, still unknown %d, skipped %d",
 		len(rows)-counts["skipped"], len(rows), counts["sent"], counts["delivered"], counts["undelivered"], counts["dead"],

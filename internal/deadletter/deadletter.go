@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/safetext"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
 )
@@ -286,10 +287,13 @@ func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) 
 	return out, nil
 }
 
-// Parse reads a dead letter back from a stream message.
+// Parse reads a dead letter back from a stream message. Its text is made
+// fit for an operator's screen (safetext): whoever may publish on sms.dlq
+// can store a letter, so its Reason and Error may hold terminal controls,
+// bidi overrides or a number.
 func Parse(m jetstream.Msg) (Letter, error) {
 	h := m.Headers()
-	l := Letter{Reason: h.Get(wire.HeaderReason), Error: h.Get(wire.HeaderError), Payload: m.Data()}
+	l := Letter{Reason: safetext.Field(h.Get(wire.HeaderReason)), Error: safetext.Field(h.Get(wire.HeaderError)), Payload: m.Data()}
 	if id := h.Get(wire.HeaderOutboxID); id != "" {
 		u, err := uuid.Parse(id)
 		if err != nil {

@@ -281,3 +281,41 @@ func TestDeadNeverMaybeAccepted(t *testing.T) {
 		t.Fatalf("unknown over maybe_accepted: %v", err)
 	}
 }
+
+// A schema at the newest version without an older migration (0010, added
+// after 0011 was released) is too old for the binary, and migrate applies
+// the missing one.
+func TestCheckEmbeddedFindsAMissingOlderMigration(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var without []migrate.Migration
+	for _, m := range migs {
+		if m.Version != 10 {
+			without = append(without, m)
+		}
+	}
+	if _, err := migrate.Up(ctx, conn, without); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = migrate.CheckEmbedded(ctx, conn)
+	if !errors.Is(err, migrate.ErrSchemaTooOld) || !strings.Contains(err.Error(), "without migration 10") {
+		t.Fatalf("CheckEmbedded without 0010: %v", err)
+	}
+	if applied, err := migrate.Up(ctx, conn, migs); err != nil || len(applied) != 1 || applied[0] != 10 {
+		t.Fatalf("Up applied %v, %v; want [10]", applied, err)
+	}
+	if _, _, err := migrate.CheckEmbedded(ctx, conn); err != nil {
+		t.Fatalf("CheckEmbedded after migrate: %v", err)
+	}
+}

@@ -58,7 +58,10 @@ func CheckVersion(ctx context.Context, q Querier, need int) (int, error) {
 
 // CheckEmbedded is CheckVersion against the newest migration this binary
 // embeds: the start-up check of every long-running command. It returns the
-// version found and the version needed.
+// version found and the version needed. A schema at the newest version
+// that lacks an older one (a migration numbered below one applied before
+// it, as 0010 is below 0011) is too old as well: the newest version alone
+// does not prove it.
 func CheckEmbedded(ctx context.Context, q Querier) (found, need int, err error) {
 	migs, err := Load(sendonce.Migrations, "migrations")
 	if err != nil {
@@ -66,5 +69,20 @@ func CheckEmbedded(ctx context.Context, q Querier) (found, need int, err error) 
 	}
 	need = Latest(migs)
 	found, err = CheckVersion(ctx, q, need)
-	return found, need, err
+	if err != nil {
+		return found, need, err
+	}
+	versions := make([]int32, len(migs))
+	for i, m := range migs {
+		versions[i] = int32(m.Version)
+	}
+	var missing []int32
+	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(v ORDER BY v), '{}') FROM unnest($1::int[]) v
+		WHERE v NOT IN (SELECT version FROM sendonce_schema_migrations)`, versions).Scan(&missing); err != nil {
+		return found, need, fmt.Errorf("read the schema version: %w", err)
+	}
+	if len(missing) > 0 {
+		return found, need, fmt.Errorf("%w: found version %d without migration %d: run `relay migrate` of this release first", ErrSchemaTooOld, found, missing[0])
+	}
+	return found, need, nil
 }

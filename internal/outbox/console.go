@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sendonce/sendonce/internal/safetext"
 )
 
 // The statements of the operator console (relay console). They run as the
@@ -283,6 +285,7 @@ func DeadRows(ctx context.Context, q Querier, f DeadFilter, limit int) ([]DeadRo
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadRow, error) {
 		var d DeadRow
 		err := r.Scan(&d.ID, &d.Status, &d.Reason, &d.Gen, &d.Attempts, &d.LetterSeq, &d.LastError, &d.ProviderCode, &d.HTTPStatus, &d.EndedAt)
+		d.Reason, d.LastError = safetext.Field(d.Reason), safetext.Field(d.LastError)
 		return d, err
 	})
 	if err != nil {
@@ -373,11 +376,7 @@ func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (MaskedMessage, err
 	if err != nil {
 		return MaskedMessage{}, fmt.Errorf("outbox: read row: %w", err)
 	}
-	for p, v := range map[*string]*string{&r.ProviderRef: ref, &r.LastError: lastErr, &r.EndReason: reason} {
-		if v != nil {
-			*p = *v
-		}
-	}
+	r.setText(ref, lastErr, reason)
 	if leaseUntil != nil {
 		r.LeaseUntil = *leaseUntil
 	}
@@ -438,6 +437,7 @@ func ConsoleReplays(ctx context.Context, q Querier, row uuid.UUID, limit int) ([
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsoleReplay, error) {
 		var c ConsoleReplay
 		err := r.Scan(&c.ID, &c.At, &c.User, &c.Role, &c.Requested, &c.Replayed, &c.Refused, &c.Remote)
+		c.User, c.Role, c.Remote = safetext.Clean(c.User), safetext.Clean(c.Role), safetext.Clean(c.Remote)
 		return c, err
 	})
 	if err != nil {

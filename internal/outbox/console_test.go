@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -362,5 +364,41 @@ func TestConsoleRoleGrants(t *testing.T) {
 		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 			t.Errorf("%s as sendonce_console: %v, want permission denied", stmt, err)
 		}
+	}
+}
+
+// What the console and the trace show of a row's free text has no terminal
+// controls, bidi overrides or numbers, whoever wrote it.
+func TestOperatorReadsCleanText(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	id := consoleRow(t, pool, outbox.StatusDead, time.Minute)
+	const hostile = "\x1b[2J\u202eevil\u202c \u009b \u2066x\u2069 \u200f call +1 - 555 - 123 - 4567"
+	if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET last_error = $2, end_reason = 'permanent' WHERE id = $1`, id, hostile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, outcome, error) VALUES ($1, 1, now(), 'permanent', $2)`, id, hostile); err != nil {
+		t.Fatal(err)
+	}
+	bad := func(s string) bool {
+		return strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }) ||
+			strings.Contains(s, "4567")
+	}
+	m, err := outbox.MaskedRow(ctx, pool, id)
+	if err != nil || bad(m.LastError) || !strings.Contains(m.LastError, "evil") {
+		t.Errorf("MaskedRow: last error %q, %v", m.LastError, err)
+	}
+	r, err := outbox.GetRow(ctx, pool, id)
+	if err != nil || bad(r.LastError) {
+		t.Errorf("GetRow: last error %q, %v", r.LastError, err)
+	}
+	rows, err := outbox.DeadRows(ctx, pool, outbox.DeadFilter{}, 10)
+	if err != nil || len(rows) != 1 || bad(rows[0].LastError) {
+		t.Errorf("DeadRows: %+v, %v", rows, err)
+	}
+	as, err := outbox.Attempts(ctx, pool, id)
+	if err != nil || len(as) != 1 || bad(as[0].Error) {
+		t.Errorf("Attempts: %+v, %v", as, err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sendonce/sendonce/internal/safetext"
 )
 
 // Receipt is a provider's report of what became of a message.
@@ -196,7 +198,7 @@ func RecordLookup(ctx context.Context, q Querier, id uuid.UUID, e Evidence) erro
 }
 
 // EvidenceOf returns the receipts and lookups recorded for row id, oldest
-// first.
+// first, their text made fit for an operator's screen (safetext).
 func EvidenceOf(ctx context.Context, q Querier, id uuid.UUID) ([]Evidence, error) {
 	rows, _ := q.Query(ctx, `SELECT kind, result, coalesce(provider_ref, ''), coalesce(code, 0), coalesce(detail, ''),
 			coalesce(reported_at, 'epoch'::timestamptz), received_at, source
@@ -207,6 +209,10 @@ func EvidenceOf(ctx context.Context, q Querier, id uuid.UUID) ([]Evidence, error
 		if e.ReportedAt.Equal(time.Unix(0, 0)) {
 			e.ReportedAt = time.Time{}
 		}
+		// A provider's id is shown as it is (an operator searches by it),
+		// with controls only removed.
+		e.Result, e.ProviderRef, e.Source = safetext.Field(e.Result), safetext.Clean(e.ProviderRef), safetext.Field(e.Source)
+		e.Detail = safetext.Field(e.Detail)
 		return e, err
 	})
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sendonce/sendonce/internal/safetext"
 )
 
 // ReplayTarget names a row to replay.
@@ -183,7 +185,8 @@ type Row struct {
 	Lookups       int
 }
 
-// GetRow reads one row for a trace.
+// GetRow reads one row for a trace; its free text is made fit for an
+// operator's screen (safetext).
 func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	var r Row
 	var to string
@@ -213,22 +216,30 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	if to != "" {
 		r.ToMasked = MaskPhone(to)
 	}
-	if ref != nil {
-		r.ProviderRef = *ref
-	}
-	if lastErr != nil {
-		r.LastError = *lastErr
-	}
-	if reason != nil {
-		r.EndReason = *reason
-	}
+	r.setText(ref, lastErr, reason)
 	if leaseUntil != nil {
 		r.LeaseUntil = *leaseUntil
 	}
 	return r, nil
 }
 
-// Attempts returns the attempts log of one row, oldest first.
+// setText sets the row's free-text columns for an operator's screen: any
+// writer of the row (or an older release) may have put terminal controls,
+// bidi overrides or a number in them (safetext).
+func (r *Row) setText(ref, lastErr, reason *string) {
+	if ref != nil {
+		r.ProviderRef = safetext.Clean(*ref)
+	}
+	if lastErr != nil {
+		r.LastError = safetext.Field(*lastErr)
+	}
+	if reason != nil {
+		r.EndReason = safetext.Field(*reason)
+	}
+}
+
+// Attempts returns the attempts log of one row, oldest first, its text made
+// fit for an operator's screen (safetext).
 func Attempts(ctx context.Context, q Querier, id uuid.UUID) ([]Attempt, error) {
 	rows, _ := q.Query(ctx, `SELECT outbox_id, attempt, started_at, coalesce(latency_ms, 0), outcome,
 			coalesce(http_status, 0), coalesce(provider_code, 0), coalesce(error, ''), coalesce(sender, '')
@@ -238,6 +249,7 @@ func Attempts(ctx context.Context, q Querier, id uuid.UUID) ([]Attempt, error) {
 		var ms float64
 		err := r.Scan(&a.OutboxID, &a.Number, &a.StartedAt, &ms, &a.Outcome, &a.HTTPStatus, &a.ProviderCode, &a.Error, &a.Sender)
 		a.Latency = time.Duration(ms * float64(time.Millisecond))
+		a.Error, a.Sender = safetext.Field(a.Error), safetext.Clean(a.Sender)
 		return a, err
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -133,6 +134,8 @@ func TestScrub(t *testing.T) {
 		{"1    2 3 4 5 6", "1    #"}, // four separators break a run
 		{"12\xff34", "#"},            // an invalid byte joins, never hides
 		{"bidi \u202eevil\u202c and C1 \u009b", "bidi  evil  and C1  "},
+		{"isolates \u2066x\u2069 marks \u200ey\u200f\u061c", "isolates  x  marks  y  "},
+		{"lines\u2028and\u2029paragraphs\x1b[2J\r\n", "lines and paragraphs [2J  "},
 		{"\uff21\uff22", "AB"}, // full-width letters fold to ASCII
 		{strings.Repeat("a", 300), strings.Repeat("a", 200)},
 		{strings.Repeat("é", 150), strings.Repeat("é", 100)},
@@ -145,21 +148,62 @@ func TestScrub(t *testing.T) {
 	}
 	for _, shape := range numberShapes {
 		got := scrub("number " + shape + " end")
-		if m := phoneLike.FindString(got); m != "" || strings.ContainsAny(got, "\u202e\u009b") {
+		if m := phoneLike.FindString(got); m != "" || strings.ContainsFunc(got, hiddenRune) {
 			t.Errorf("scrub(%q) = %q lets %q through", shape, got, m)
 		}
 	}
 }
 
 // A provider that echoes the request leaks neither the body nor the number,
-// whatever the body holds.
+// whatever the body holds and however the provider reshapes the echo.
 func TestRedact(t *testing.T) {
 	t.Parallel()
 	m := Message{To: "+15551234567", Body: "Reset link: https://x.example/r/abcDEF"}
-	got := scrub(redact("rejected 'Reset link: https://x.example/r/abcDEF' for 15551234567", m))
-	if strings.Contains(got, "abcDEF") || phoneLike.MatchString(got) {
-		t.Fatalf("redacted text %q", got)
+	tests := []struct {
+		name, in string
+		leaks    []string
+	}{
+		{"whole", "rejected 'Reset link: https://x.example/r/abcDEF' for 15551234567", []string{"abcDEF"}},
+		{"truncated", "rejected 'Reset link: https://x.example/r/abcD...'", []string{"abcD", "x.example"}},
+		{"tail only", "bad url example/r/abcDEF in body", []string{"abcDEF"}},
+		{"re-cased", "REJECTED: RESET LINK: HTTPS://X.EXAMPLE/R/ABCDEF", []string{"ABCDEF", "X.EXAMPLE"}},
+		{"other spaces", "rejected 'Reset\u00a0link:\u2009https://x.example/r/abcDEF'", []string{"abcDEF"}},
+		{"full-width", "rejected \uff52\uff45\uff53\uff45\uff54 \uff4c\uff49\uff4e\uff4b: https://x.example/r/abcDEF", []string{"abcDEF"}},
+		{"number's last digits", "number ending 567 is barred", []string{"567"}},
+		{"number's area code", "area (555) not served", []string{"555"}},
+		{"number, spaced", "To +1 - 555 - 123 - 4567 refused", []string{"555", "4567"}},
 	}
+	for _, tt := range tests {
+		in, err := strconv.Unquote(`"` + tt.in + `"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := scrubFor(in, m)
+		for _, leak := range tt.leaks {
+			if strings.Contains(got, leak) {
+				t.Errorf("%s: scrubFor(%q) = %q keeps %q", tt.name, in, got, leak)
+			}
+		}
+		if phoneLike.MatchString(got) {
+			t.Errorf("%s: scrubFor(%q) = %q holds a number", tt.name, in, got)
+		}
+	}
+	// The provider's own words stay: a three-digit run the number does not
+	// hold, and text the body does not share.
+	if got := scrubFor("code 212: the destination is invalid", m); got != "code 212: the destination is invalid" {
+		t.Errorf("scrubFor kept %q of the provider's own text", got)
+	}
+	short := Message{To: "+15551234567", Body: "OK 42"}
+	if got := scrubFor("message 'ok 42' refused", short); strings.Contains(got, "42") {
+		t.Errorf("a short body echoed: %q", got)
+	}
+}
+
+// hiddenRune matches what changes how text shows rather than being part of
+// it: C0 and C1 controls, format characters (bidi, zero-width), line and
+// paragraph separators.
+func hiddenRune(r rune) bool {
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
 }
 
 // FuzzScrub checks that scrubbed text is short, valid UTF-8 and holds no
@@ -175,6 +219,9 @@ func FuzzScrub(f *testing.F) {
 		}
 		if m := phoneLike.FindString(got); m != "" {
 			t.Fatalf("scrub(%q) = %q holds %q", s, got, m)
+		}
+		if i := strings.IndexFunc(got, hiddenRune); i >= 0 {
+			t.Fatalf("scrub(%q) = %q holds the control or format character %U", s, got, []rune(got[i:])[0])
 		}
 	})
 }

@@ -13,13 +13,12 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unicode"
 
-	"golang.org/x/text/unicode/norm"
+	"github.com/sendonce/sendonce/internal/safetext"
 )
 
 // DefaultPermanentCodes are provider error codes that no retry can fix
@@ -302,7 +301,7 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 			code = int(n)
 		}
 		if e.Message != "" {
-			reason = scrub(redact(e.Message, m))
+			reason = scrubFor(e.Message, m)
 		}
 	}
 	if reason == "" {
@@ -372,99 +371,104 @@ func describe(err error) string {
 }
 
 // scrub makes provider text safe to log and store. The text is normalised
-// first (NFKC, so full-width digits, NBSP, thin spaces and the like become
-// plain digits and spaces; %-escaped separators decoded; control, C1 and
-// format characters such as bidi overrides dropped to spaces), then every
-// run of four or more digits (any script's) becomes "#": a one-time code
-// echoed from the body, or a phone number however it is written, since up to
-// three characters that are neither letters nor digits between two digits
-// ("+1 - 555 - 123 - 4567", "555/123_4567", "555%20123%204567") count as
-// separators within one run. The result is cut to 200 bytes.
-func scrub(s string) string {
-	// Invalid bytes become U+FFFD first (a separator: they join runs
-	// rather than hide them).
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = unescapeSeparators(s)
-	s = norm.NFKC.String(s)
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
-			return ' '
-		}
-		return r
-	}, s)
-	rs := []rune(s)
-	var b strings.Builder
-	for i := 0; i < len(rs); {
-		if !unicode.IsDigit(rs[i]) {
-			b.WriteRune(rs[i])
-			i++
-			continue
-		}
-		j, digits := i, 0
-		for {
-			for j < len(rs) && unicode.IsDigit(rs[j]) {
-				j++
-				digits++
-			}
-			k := j
-			for k < len(rs) && k-j < 3 && isSeparator(rs[k]) {
-				k++
-			}
-			if k == j || k == len(rs) || !unicode.IsDigit(rs[k]) {
-				break
-			}
-			j = k
-		}
-		if digits >= 4 {
-			b.WriteByte('#')
-		} else {
-			b.WriteString(string(rs[i:j]))
-		}
-		i = j
+// first (safetext.Normalize: NFKC, so full-width digits, NBSP, thin spaces
+// and the like become plain digits and spaces; %-escaped separators decoded;
+// control, C1 and format characters such as bidi overrides dropped to
+// spaces), then every run of four or more digits (any script's) becomes "#":
+// a one-time code echoed from the body, or a phone number however it is
+// written, since up to three characters that are neither letters nor digits
+// between two digits ("+1 - 555 - 123 - 4567", "555/123_4567",
+// "555%20123%204567") count as separators within one run. The result is cut
+// to 200 bytes.
+func scrub(s string) string { return scrubFor(s, Message{}) }
+
+// scrubFor is scrub for text a provider answered about the message m: what
+// it echoes of m's body is removed first (redact), and a run of three
+// digits m's number holds is masked as well.
+func scrubFor(s string, m Message) string {
+	s = safetext.Normalize(s)
+	if len(s) > maxScrubIn {
+		s = strings.ToValidUTF8(s[:maxScrubIn], "")
 	}
-	out := b.String()
-	if len(out) > 200 {
-		out = out[:200]
+	s = safetext.MaskNumbers(redact(s, m), safetext.Digits(m.To))
+	if len(s) > 200 {
+		s = s[:200]
 	}
-	return strings.ToValidUTF8(out, "")
+	return strings.ToValidUTF8(s, "")
 }
 
-// isSeparator reports whether r may stand between the digits of one number.
-func isSeparator(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }
+// maxScrubIn bounds the provider text scrubbed, in bytes: the result keeps
+// at most 200, and redact's cost grows with the length.
+const maxScrubIn = 8 << 10
 
-// unescapeSeparators decodes %XX escapes of ASCII characters that are not
-// letters or digits (%20, %2D, %2B, ...), so that an encoded number is seen
-// as one.
-func unescapeSeparators(s string) string {
-	if !strings.Contains(s, "%") {
+// bodyGram is the length, in characters, of the pieces of a body that redact
+// looks for: any stretch of provider text made of such pieces is the body
+// echoed, whole or in part (truncated, re-cased, with its number masked by
+// the provider), and is removed. Shorter fragments are too common to tell
+// from the provider's own words.
+const bodyGram = 6
+
+// redact removes what the provider echoes of the message's own body from
+// text normalised by safetext.Normalize, replacing each stretch with
+// "[body]": a provider that echoes the request must not leak it into
+// last_error or a dead letter, whatever the body holds. Comparison ignores
+// case and the kind of space. The number is masked by scrubFor.
+func redact(s string, m Message) string {
+	if m.Body == "" || s == "" {
 		return s
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '%' && i+2 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil && v < 0x80 && isSeparator(rune(v)) {
-				b.WriteByte(' ')
-				i += 2
-				continue
+	body := fold(safetext.Normalize(m.Body))
+	text := []rune(s)
+	folded := fold(s)
+	covered := make([]bool, len(text))
+	if len(body) < bodyGram {
+		if len(body) < 3 {
+			return s
+		}
+		for i := 0; i+len(body) <= len(folded); i++ {
+			if string(folded[i:i+len(body)]) == string(body) {
+				for j := i; j < i+len(body); j++ {
+					covered[j] = true
+				}
 			}
 		}
-		b.WriteByte(s[i])
+	} else {
+		grams := make(map[string]struct{}, len(body))
+		for i := 0; i+bodyGram <= len(body); i++ {
+			grams[string(body[i:i+bodyGram])] = struct{}{}
+		}
+		for i := 0; i+bodyGram <= len(folded); i++ {
+			if _, ok := grams[string(folded[i:i+bodyGram])]; ok {
+				for j := i; j < i+bodyGram; j++ {
+					covered[j] = true
+				}
+			}
+		}
+	}
+	var b strings.Builder
+	for i := 0; i < len(text); i++ {
+		if !covered[i] {
+			b.WriteRune(text[i])
+			continue
+		}
+		if i == 0 || !covered[i-1] {
+			b.WriteString("[body]")
+		}
 	}
 	return b.String()
 }
 
-// redact removes the message's own body and number from provider text
-// before it is scrubbed: a provider that echoes the request must not leak
-// it into last_error or a dead letter, whatever the body holds.
-func redact(s string, m Message) string {
-	if len(m.Body) >= 4 {
-		s = strings.ReplaceAll(s, m.Body, "[body]")
+// fold lower-cases s and makes every space a plain one, rune for rune.
+func fold(s string) []rune {
+	rs := []rune(s)
+	for i, r := range rs {
+		if unicode.IsSpace(r) {
+			rs[i] = ' '
+		} else {
+			rs[i] = unicode.ToLower(r)
+		}
 	}
-	if m.To != "" {
-		s = strings.ReplaceAll(s, m.To, "[to]")
-		s = strings.ReplaceAll(s, strings.TrimPrefix(m.To, "+"), "[to]")
-	}
-	return s
+	return rs
 }
 
 // plainRef reports whether a provider message id is fit to store: 1..200

@@ -34,8 +34,8 @@ type RetentionConfig struct {
 	Age time.Duration
 	// Interval between purges; default 1m.
 	Interval time.Duration
-	// BatchSize is the most rows deleted per statement; default 1000. Small
-	// batches keep each delete's locks short.
+	// BatchSize is the most rows deleted per statement, 1 to 10000; default
+	// 1000. Small batches keep each delete's locks short.
 	BatchSize int
 	// Pause between two batches of one purge; default 50ms.
 	Pause time.Duration
@@ -70,8 +70,8 @@ func NewRetention(cfg RetentionConfig) (*Retention, error) {
 		return nil, errors.New("retention: Pool is required")
 	case cfg.Age <= 0 || cfg.Interval <= 0 || cfg.Pause < 0:
 		return nil, errors.New("retention: Age and Interval must be positive")
-	case cfg.BatchSize < 1:
-		return nil, fmt.Errorf("retention: BatchSize %d must be at least 1", cfg.BatchSize)
+	case cfg.BatchSize < 1 || cfg.BatchSize > 10000:
+		return nil, fmt.Errorf("retention: BatchSize %d must be 1 to 10000 (the most sendonce_purge deletes in one call)", cfg.BatchSize)
 	}
 	r := &Retention{cfg: cfg, log: cfg.Logger.With("component", "retention"),
 		purged: prometheus.NewCounter(prometheus.CounterOpts{
