@@ -50,11 +50,16 @@ type Config struct {
 	// CAFile verifies the server's certificate; CertFile and KeyFile are
 	// the client certificate for mutual TLS.
 	CAFile, CertFile, KeyFile string
+	// InboxPrefix replaces _INBOX as the prefix of the subjects replies
+	// come back on (NATS_INBOX_PREFIX), so that each user may be allowed
+	// to subscribe to its own replies only. Empty keeps _INBOX.
+	InboxPrefix string
 }
 
 // Bind binds the NATS settings to s: NATS_URL, NATS_USER, NATS_PASSWORD
 // (or NATS_PASSWORD_FILE), NATS_TOKEN (or NATS_TOKEN_FILE), NATS_NKEY,
-// NATS_CREDS, NATS_CA, NATS_CERT, NATS_KEY, each with a flag.
+// NATS_CREDS, NATS_CA, NATS_CERT, NATS_KEY, NATS_INBOX_PREFIX, each with a
+// flag.
 func Bind(s *envflag.Set, c *Config) {
 	s.String(&c.URL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL; for a cluster, a comma-separated list of seeds (the client learns the other servers from them)")
 	s.String(&c.User, "nats-user", "NATS_USER", "", "NATS user name")
@@ -65,6 +70,7 @@ func Bind(s *envflag.Set, c *Config) {
 	s.String(&c.CAFile, "nats-ca", "NATS_CA", "", "CA certificate file to verify the NATS server")
 	s.String(&c.CertFile, "nats-cert", "NATS_CERT", "", "client certificate file for mutual TLS")
 	s.String(&c.KeyFile, "nats-key", "NATS_KEY", "", "client key file for mutual TLS")
+	s.String(&c.InboxPrefix, "nats-inbox-prefix", "NATS_INBOX_PREFIX", "", "prefix of the subjects replies come back on, instead of _INBOX: give each NATS user its own and allow it to subscribe to PREFIX.> only")
 	s.Check(c.validate)
 }
 
@@ -86,12 +92,32 @@ func (c *Config) validate() error {
 	case (c.CertFile == "") != (c.KeyFile == ""):
 		return errors.New("NATS_CERT and NATS_KEY go together")
 	}
+	if err := validInboxPrefix(c.InboxPrefix); err != nil {
+		return fmt.Errorf("-nats-inbox-prefix / NATS_INBOX_PREFIX: %w", err)
+	}
 	for env, f := range map[string]string{"NATS_NKEY": c.NKeySeedFile, "NATS_CREDS": c.CredsFile, "NATS_CA": c.CAFile, "NATS_CERT": c.CertFile, "NATS_KEY": c.KeyFile} {
 		if f == "" {
 			continue
 		}
 		if _, err := os.Stat(f); err != nil {
 			return fmt.Errorf("%s: %v", env, err)
+		}
+	}
+	return nil
+}
+
+// validInboxPrefix accepts an empty prefix (the default _INBOX) or a subject
+// of non-empty tokens without wildcards or white space.
+func validInboxPrefix(p string) error {
+	if p == "" {
+		return nil
+	}
+	for _, tok := range strings.Split(p, ".") {
+		if tok == "" {
+			return fmt.Errorf("%q: an empty token (a leading, trailing or doubled dot)", p)
+		}
+		if strings.ContainsAny(tok, "*> \t\r\n") {
+			return fmt.Errorf("%q: wildcards and white space are not allowed", p)
 		}
 	}
 	return nil
@@ -173,6 +199,9 @@ func Connect(cfg Config) (*nats.Conn, jetstream.JetStream, error) {
 		opts = append(opts, o)
 	case cfg.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
 	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
