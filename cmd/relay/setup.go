@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/natsconn"
@@ -55,7 +60,31 @@ func setupTopology(ctx context.Context, c setupConfig, log *slog.Logger) error {
 	if err := natsconn.WaitConnected(ctx, nc, log); err != nil {
 		return err
 	}
+	// A request the user may not publish is not answered, which Setup
+	// takes for a broker that is busy and retries until the deadline; the
+	// server's permissions error arrives on the connection: stop at once,
+	// saying so.
+	ctx, refuse := context.WithCancelCause(ctx)
+	defer refuse(nil)
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
+				refuse(fmt.Errorf("the NATS user may not manage the topology (relay setup needs admin credentials): %w", err))
+				return
+			}
+		}
+	}()
 	if _, err := service.SetupTopology(ctx, js, c.Topology.Replicas, log); err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
+			return cause
+		}
 		return err
 	}
 	log.Info("nats topology ready", "replicas", c.Topology.Replicas)

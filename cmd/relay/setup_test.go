@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -45,5 +47,25 @@ func TestSetupCreatesTheTopology(t *testing.T) {
 	}
 	if cfg := dlq.CachedInfo().Config; !cfg.DenyDelete || !cfg.DenyPurge {
 		t.Fatalf("SMS_DLQ deny_delete=%v deny_purge=%v, want both", cfg.DenyDelete, cfg.DenyPurge)
+	}
+}
+
+// relay setup with a user that may not manage streams fails, and says so,
+// instead of taking the refusals for a busy broker.
+func TestSetupRefusedNamesThePermissions(t *testing.T) {
+	t.Parallel()
+	srv := natstest.StartWith(t, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "relay", Password: "pw", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		}}}
+	})
+	env := testkit.EnvMap(map[string]string{"NATS_URL": srv.URL(), "NATS_USER": "relay", "NATS_PASSWORD": "pw", "LOG_FORMAT": "text"})
+	var out, errOut strings.Builder
+	if code := run(context.Background(), []string{"relay", "setup"}, env, &out, &errOut); code != 1 {
+		t.Fatalf("exit %d, want 1: %s", code, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "needs admin credentials") {
+		t.Fatalf("the refusal does not name the permissions:\n%s", errOut.String())
 	}
 }
