@@ -15,6 +15,7 @@ require (
 	github.com/prometheus/procfs v0.22.0
 	github.com/rs/zerolog v1.28.0
 	go.uber.org/goleak v1.3.0
+	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/crypto v0.58.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/text v0.43.0

@@ -21,50 +21,33 @@ import (
 	"github.com/sendonce/sendonce/outbox"
 )
 
-// The permission sets a deployment gives each component: exactly the
-// subjects it publishes to and the JetStream API calls it makes.
-var (
-	relayPermissions = &server.Permissions{
-		Publish: &server.SubjectPermission{Allow: []string{
-			"sms.send", "sms.send.>", "sms.dlq",
-			"$JS.API.INFO",
-			"$JS.API.STREAM.CREATE.SMS", "$JS.API.STREAM.UPDATE.SMS", "$JS.API.STREAM.INFO.SMS",
-			"$JS.API.STREAM.CREATE.SMS_DLQ", "$JS.API.STREAM.UPDATE.SMS_DLQ", "$JS.API.STREAM.INFO.SMS_DLQ",
-			"$JS.API.CONSUMER.CREATE.SMS.senders", "$JS.API.CONSUMER.CREATE.SMS.senders.>",
-			"$JS.API.CONSUMER.CREATE.SMS.senders_urgent", "$JS.API.CONSUMER.CREATE.SMS.senders_urgent.>",
-			"$JS.API.CONSUMER.CREATE.SMS.senders_bulk", "$JS.API.CONSUMER.CREATE.SMS.senders_bulk.>",
-			"$JS.API.CONSUMER.INFO.SMS.senders", "$JS.API.CONSUMER.INFO.SMS.senders_urgent", "$JS.API.CONSUMER.INFO.SMS.senders_bulk",
-			"$JS.API.STREAM.CREATE.KV_sendonce_flow", "$JS.API.STREAM.INFO.KV_sendonce_flow",
-		}},
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+// deployedNATSUsers loads the users and permission sets of the deployment
+// (deploy/nats/auth.conf, through the nats.conf compose runs), each with
+// the password "pw-" + its name.
+func deployedNATSUsers(t *testing.T) []*server.User {
+	t.Helper()
+	for _, u := range []string{"ADMIN", "RELAY", "SENDER", "OPERATOR"} {
+		t.Setenv("NATS_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
 	}
-	senderPermissions = &server.Permissions{
-		Publish: &server.SubjectPermission{Allow: []string{
-			"sms.dlq",
-			"$JS.API.INFO",
-			"$JS.API.STREAM.INFO.SMS", "$JS.API.STREAM.INFO.SMS_DLQ",
-			"$JS.API.CONSUMER.INFO.SMS.senders", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders", "$JS.ACK.SMS.senders.>",
-			"$JS.API.CONSUMER.INFO.SMS.senders_urgent", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders_urgent", "$JS.ACK.SMS.senders_urgent.>",
-			"$JS.API.CONSUMER.INFO.SMS.senders_bulk", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders_bulk", "$JS.ACK.SMS.senders_bulk.>",
-			// The shared flow state: heartbeats and pauses, and a watch.
-			"$KV.sendonce_flow.>", "$JS.API.STREAM.INFO.KV_sendonce_flow",
-			"$JS.API.CONSUMER.CREATE.KV_sendonce_flow.>", "$JS.API.CONSUMER.DELETE.KV_sendonce_flow.>",
-		}},
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+	opts, err := server.ProcessConfigFile("../deploy/nats/nats.conf")
+	if err != nil {
+		t.Fatal(err)
 	}
-)
+	if len(opts.Users) != 4 {
+		t.Fatalf("deploy/nats: %d users, want admin, relay, sender and operator", len(opts.Users))
+	}
+	return opts.Users
+}
 
-// Both components work under least-privilege users, a forbidden action is
-// refused by the server, and wrong credentials stop start-up with an error
-// naming the setting.
+// The deployment's least-privilege users: relay setup as admin creates the
+// topology, the relay and the senders run the pipeline with
+// NATS_ENSURE_TOPOLOGY=false and their own inbox prefixes, the operator
+// reads the dead letters, and what each may not do is refused: the relay
+// cannot change, delete or purge SMS_DLQ nor redefine the consumer, and no
+// one deletes or purges the dead letters. Wrong credentials stop start-up
+// with an error naming the setting.
 func TestLeastPrivilegeNATSUsers(t *testing.T) {
-	t.Parallel()
-	srv := natstest.StartWith(t, func(o *server.Options) {
-		o.Users = []*server.User{
-			{Username: "relay", Password: "relay-pw-1", Permissions: relayPermissions},
-			{Username: "sender", Password: "sender-pw-2", Permissions: senderPermissions},
-		}
-	})
+	srv := natstest.StartWith(t, func(o *server.Options) { o.Users = deployedNATSUsers(t) })
 	url := pgtest.NewMigrated(t)
 	pool := newPool(t, url)
 	stub, err := smsstub.New(smsstub.Config{APIKey: testAPIKey})
@@ -75,6 +58,9 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 	t.Cleanup(hs.Close)
 	base := []string{"DATABASE_URL=" + url, "NATS_URL=" + srv.URL(), "HTTP_ADDR=127.0.0.1:0", "LOG_LEVEL=debug",
 		"SMS_API_BASE=" + hs.URL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY=" + testAPIKey, "RELAY_POLL_INTERVAL=100ms"}
+	as := func(user string) []string {
+		return append(base, "NATS_USER="+user, "NATS_PASSWORD=pw-"+user, "NATS_INBOX_PREFIX=_INBOX_"+user)
+	}
 
 	// Wrong credentials: fast failure naming the settings to check.
 	bad := startProcess(t, "relay", append(base, "NATS_USER=relay", "NATS_PASSWORD=wrong"))
@@ -82,17 +68,13 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		t.Fatalf("wrong password: exit %v, logs %s", err, bad.logs.String())
 	}
 
-	startProcess(t, "relay", append(base, "NATS_USER=relay", "NATS_PASSWORD=relay-pw-1"))
-	admin := func() jetstream.JetStream {
-		_, js := srv.Connect(t, nats.UserInfo("relay", "relay-pw-1"))
-		return js
-	}()
-	testkit.WaitFor(t, 30*time.Second, "the relay to create the streams", func() bool {
-		_, err := admin.Consumer(context.Background(), streams.Stream, streams.Consumer)
-		return err == nil
-	})
-	snd := startProcess(t, "sender", append(base, "NATS_USER=sender", "NATS_PASSWORD=sender-pw-2", "NATS_ENSURE_TOPOLOGY=false",
-		"SMS_RATE_LIMIT=1000"))
+	setup := startProcess(t, "relay", as("admin"), "setup")
+	if err := setup.waitExit(t, time.Minute); err != nil {
+		t.Fatalf("relay setup as admin: %v\n%s", err, setup.logs.String())
+	}
+
+	rly := startProcess(t, "relay", append(as("relay"), "NATS_ENSURE_TOPOLOGY=false"))
+	snd := startProcess(t, "sender", append(as("sender"), "NATS_ENSURE_TOPOLOGY=false", "SMS_RATE_LIMIT=1000"))
 	ids := insertVia(t, pool, 50)
 	final := waitAllTerminal(t, pool, len(ids), time.Minute)
 	for _, id := range ids {
@@ -101,35 +83,137 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		}
 	}
 	// The shared rate limit works under the sender's permissions: its flow
-	// state was reachable, not a fallback.
-	if logs := snd.logs.String(); strings.Contains(logs, "unreachable") || strings.Contains(logs, "Permissions Violation") {
-		t.Fatalf("the sender could not use the shared flow state under its permissions:\n%s", logs)
+	// state was reachable, not a fallback; neither process was refused.
+	for _, p := range []*process{rly, snd} {
+		if logs := p.logs.String(); strings.Contains(logs, "unreachable") || strings.Contains(logs, "Permissions Violation") {
+			t.Fatalf("%s was refused something under its permissions:\n%s", p.Name(), logs)
+		}
 	}
 
-	// Forbidden actions are refused: the sender cannot publish work, the
-	// relay cannot consume it.
-	for _, c := range []struct{ user, pass, subject string }{
-		{"sender", "sender-pw-2", "sms.send"},
-		{"relay", "relay-pw-1", "$JS.API.CONSUMER.MSG.NEXT.SMS.senders"},
-		{"sender", "sender-pw-2", "$JS.API.STREAM.DELETE.SMS"},
+	// The operator reads the dead letters.
+	_, relayJS := connectAs(t, srv, "relay")
+	if _, err := relayJS.Publish(context.Background(), "sms.dlq", []byte(`{}`)); err != nil {
+		t.Fatalf("the relay dead-letters: %v", err)
+	}
+	list := startProcess(t, "relay", as("operator"), "dlq", "list")
+	if err := list.waitExit(t, time.Minute); err != nil {
+		t.Fatalf("relay dlq list as operator: %v\n%s", err, list.logs.String())
+	}
+
+	// Refused to the relay: SMS_DLQ's config (a short max_age would wipe
+	// the dead letters), its deletion, a purge, a message delete, and
+	// redefining the consumer.
+	_, adminJS := connectAs(t, srv, "admin")
+	ctx := context.Background()
+	dlqBefore, err := adminJS.Stream(ctx, streams.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consBefore, err := adminJS.Consumer(ctx, streams.Stream, streams.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(who, what string, call func(ctx context.Context) error) {
+		t.Helper()
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		if err := call(cctx); err == nil {
+			t.Errorf("%s may %s", who, what)
+		}
+	}
+	short := dlqBefore.CachedInfo().Config
+	short.MaxAge = time.Second
+	refused("relay", "update SMS_DLQ", func(ctx context.Context) error { _, err := relayJS.UpdateStream(ctx, short); return err })
+	refused("relay", "delete SMS_DLQ", func(ctx context.Context) error { return relayJS.DeleteStream(ctx, streams.DeadLetterStream) })
+	refused("relay", "purge SMS_DLQ", func(ctx context.Context) error {
+		s, err := relayJS.Stream(ctx, streams.DeadLetterStream)
+		if err != nil {
+			return err
+		}
+		return s.Purge(ctx)
+	})
+	redefined := consBefore.CachedInfo().Config
+	redefined.AckWait = time.Second
+	redefined.MaxDeliver = 1
+	refused("relay", "redefine the consumer", func(ctx context.Context) error {
+		_, err := relayJS.UpdateConsumer(ctx, streams.Stream, redefined)
+		return err
+	})
+	refused("relay", "create a consumer", func(ctx context.Context) error {
+		_, err := relayJS.CreateConsumer(ctx, streams.Stream, jetstream.ConsumerConfig{Durable: "thief"})
+		return err
+	})
+	// Not even admin deletes or purges dead letters: its permissions and
+	// the stream's deny_delete and deny_purge refuse it.
+	refused("admin", "purge SMS_DLQ", func(ctx context.Context) error {
+		s, err := adminJS.Stream(ctx, streams.DeadLetterStream)
+		if err != nil {
+			return err
+		}
+		return s.Purge(ctx)
+	})
+	refused("admin", "delete a dead letter", func(ctx context.Context) error {
+		s, err := adminJS.Stream(ctx, streams.DeadLetterStream)
+		if err != nil {
+			return err
+		}
+		return s.DeleteMsg(ctx, 1)
+	})
+
+	dlqAfter, err := adminJS.Stream(ctx, streams.DeadLetterStream)
+	if err != nil {
+		t.Fatalf("SMS_DLQ after the refusals: %v", err)
+	}
+	if got := dlqAfter.CachedInfo(); got.Config.MaxAge != dlqBefore.CachedInfo().Config.MaxAge || got.State.Msgs == 0 {
+		t.Fatalf("SMS_DLQ changed: max_age %s, %d messages", got.Config.MaxAge, got.State.Msgs)
+	}
+	consAfter, err := adminJS.Consumer(ctx, streams.Stream, streams.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := consAfter.CachedInfo().Config; c.AckWait != consBefore.CachedInfo().Config.AckWait || c.MaxDeliver != consBefore.CachedInfo().Config.MaxDeliver {
+		t.Fatalf("the consumer was redefined: ack_wait %s, max_deliver %d", c.AckWait, c.MaxDeliver)
+	}
+
+	// Outside a user's set the server refuses: the sender cannot publish
+	// work, the relay cannot consume it, and no user reads another's
+	// replies.
+	for _, c := range []struct {
+		user, what string
+		act        func(nc *nats.Conn)
+	}{
+		{"sender", "publish sms.send", func(nc *nats.Conn) { _ = nc.Publish("sms.send", []byte("{}")) }},
+		{"relay", "fetch from the consumer", func(nc *nats.Conn) { _ = nc.Publish("$JS.API.CONSUMER.MSG.NEXT.SMS.senders", []byte("{}")) }},
+		{"sender", "delete SMS", func(nc *nats.Conn) { _ = nc.Publish("$JS.API.STREAM.DELETE.SMS", nil) }},
+		{"relay", "update SMS_DLQ", func(nc *nats.Conn) { _ = nc.Publish("$JS.API.STREAM.UPDATE.SMS_DLQ", []byte("{}")) }},
+		{"relay", "read the sender's replies", func(nc *nats.Conn) { _, _ = nc.SubscribeSync("_INBOX_sender.>") }},
+		{"sender", "read the relay's replies", func(nc *nats.Conn) { _, _ = nc.SubscribeSync("_INBOX_relay.>") }},
+		{"operator", "read the default inbox", func(nc *nats.Conn) { _, _ = nc.SubscribeSync("_INBOX.>") }},
 	} {
 		var mu sync.Mutex
 		var got error
-		nc, err := nats.Connect(srv.URL(), nats.UserInfo(c.user, c.pass), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			mu.Lock()
-			got = err
-			mu.Unlock()
-		}))
+		nc, err := nats.Connect(srv.URL(), nats.UserInfo(c.user, "pw-"+c.user), nats.CustomInboxPrefix("_INBOX_"+c.user),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				mu.Lock()
+				got = err
+				mu.Unlock()
+			}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = nc.Publish(c.subject, []byte("{}"))
+		c.act(nc)
 		_ = nc.Flush()
-		testkit.WaitFor(t, 10*time.Second, "a permissions violation for "+c.user+" on "+c.subject, func() bool {
+		testkit.WaitFor(t, 10*time.Second, "a permissions violation: "+c.user+" may not "+c.what, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return got != nil && errors.Is(got, nats.ErrPermissionViolation)
 		})
 		nc.Close()
 	}
+}
+
+// connectAs connects as a deployed user with its inbox prefix.
+func connectAs(t *testing.T, srv *natstest.Server, user string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	return srv.Connect(t, nats.UserInfo(user, "pw-"+user), nats.CustomInboxPrefix("_INBOX_"+user))
 }

@@ -3,6 +3,7 @@
 //
 //	relay [flags]                 run until SIGINT or SIGTERM
 //	relay migrate [-down N]       apply (or revert N) migrations, then exit
+//	relay setup                   create or update the JetStream topology, then exit
 //	relay dlq list|replay ...     list or replay dead letters
 //	relay trace ID                a row, its attempts and its dead letters
 //	relay console                 serve the operator console on CONSOLE_ADDR
@@ -41,6 +42,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"migrate", "[-down N [-force]]", "apply the embedded migrations (or revert the last N), then exit", runMigrate},
+		{"setup", "", "create or update the JetStream streams, consumers and flow bucket (admin NATS credentials), then exit", runSetup},
 		{"dlq", "list|replay [flags]", "list dead letters, or put dead and unknown rows back to pending", opsCommand("dlq")},
 		{"trace", "ID", "show a row (number masked), its attempts, receipts, lookups and dead letters", opsCommand("trace")},
 		{"resolve", "-id ID | -all [-dry-run]", "look unknown rows up at the provider and settle them", runResolve},

@@ -92,7 +92,7 @@ func TestHelpListsEverySetting(t *testing.T) {
 func TestUnknownCommandNamesTheCommands(t *testing.T) {
 	t.Parallel()
 	var out, errOut testkit.Buffer
-	if code := run(context.Background(), []string{"relay", "setpu"}, testkit.EnvMap(nil), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "migrate, dlq, trace") {
+	if code := run(context.Background(), []string{"relay", "setpu"}, testkit.EnvMap(nil), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "migrate, setup, dlq, trace") {
 		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
 }

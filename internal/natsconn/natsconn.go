@@ -53,11 +53,16 @@ type Config struct {
 	// AllowInsecure (NATS_ALLOW_INSECURE) accepts credentials sent to a
 	// server other than this host without TLS.
 	AllowInsecure bool
+	// InboxPrefix replaces _INBOX as the prefix of the subjects replies
+	// come back on (NATS_INBOX_PREFIX), so that each user may be allowed
+	// to subscribe to its own replies only. Empty keeps _INBOX.
+	InboxPrefix string
 }
 
 // Bind binds the NATS settings to s: NATS_URL, NATS_USER, NATS_PASSWORD
 // (or NATS_PASSWORD_FILE), NATS_TOKEN (or NATS_TOKEN_FILE), NATS_NKEY,
-// NATS_CREDS, NATS_CA, NATS_CERT, NATS_KEY, each with a flag.
+// NATS_CREDS, NATS_CA, NATS_CERT, NATS_KEY, NATS_INBOX_PREFIX, each with a
+// flag.
 func Bind(s *envflag.Set, c *Config) {
 	s.String(&c.URL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL; for a cluster, a comma-separated list of seeds (the client learns the other servers from them)")
 	s.String(&c.User, "nats-user", "NATS_USER", "", "NATS user name")
@@ -70,6 +75,7 @@ func Bind(s *envflag.Set, c *Config) {
 	s.String(&c.KeyFile, "nats-key", "NATS_KEY", "", "client key file for mutual TLS")
 	s.Bool(&c.AllowInsecure, "nats-allow-insecure", "NATS_ALLOW_INSECURE", false,
 		"accept credentials (NATS_USER/NATS_PASSWORD, NATS_TOKEN, NATS_NKEY, NATS_CREDS, or a URL's user) sent to a server other than this host without TLS (a tls:// or wss:// URL, or NATS_CA or NATS_CERT)")
+	s.String(&c.InboxPrefix, "nats-inbox-prefix", "NATS_INBOX_PREFIX", "", "prefix of the subjects replies come back on, instead of _INBOX: give each NATS user its own and allow it to subscribe to PREFIX.> only")
 	s.Check(c.validate)
 }
 
@@ -93,6 +99,9 @@ func (c *Config) validate() error {
 	}
 	if err := c.checkTLS(); err != nil {
 		return err
+	}
+	if err := validInboxPrefix(c.InboxPrefix); err != nil {
+		return fmt.Errorf("-nats-inbox-prefix / NATS_INBOX_PREFIX: %w", err)
 	}
 	for env, f := range map[string]string{"NATS_NKEY": c.NKeySeedFile, "NATS_CREDS": c.CredsFile, "NATS_CA": c.CAFile, "NATS_CERT": c.CertFile, "NATS_KEY": c.KeyFile} {
 		if f == "" {
@@ -126,6 +135,23 @@ func (c *Config) checkTLS() error {
 		if auth || u.User != nil {
 			return fmt.Errorf("NATS_URL: credentials would go to server %d of %d, not on this host, without TLS: use a tls:// URL or set NATS_CA, "+
 				"or NATS_ALLOW_INSECURE=true to accept it", i+1, len(urls))
+		}
+	}
+	return nil
+}
+
+// validInboxPrefix accepts an empty prefix (the default _INBOX) or a subject
+// of non-empty tokens without wildcards or white space.
+func validInboxPrefix(p string) error {
+	if p == "" {
+		return nil
+	}
+	for _, tok := range strings.Split(p, ".") {
+		if tok == "" {
+			return fmt.Errorf("%q: an empty token (a leading, trailing or doubled dot)", p)
+		}
+		if strings.ContainsAny(tok, "*> \t\r\n") {
+			return fmt.Errorf("%q: wildcards and white space are not allowed", p)
 		}
 	}
 	return nil
@@ -217,6 +243,9 @@ func Connect(cfg Config) (*nats.Conn, jetstream.JetStream, error) {
 		opts = append(opts, o)
 	case cfg.CredsFile != "":
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
 	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))

@@ -1,6 +1,7 @@
 package natsconn_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -141,13 +142,15 @@ func TestMutualTLS(t *testing.T) {
 func TestBindValidates(t *testing.T) {
 	t.Parallel()
 	cases := map[string]map[string]string{
-		"two methods":   {"NATS_TOKEN": "x", "NATS_USER": "u", "NATS_PASSWORD": "p"},
-		"user only":     {"NATS_USER": "u"},
-		"cert only":     {"NATS_CERT": "/etc/hostname"},
-		"missing creds": {"NATS_CREDS": "/nonexistent/user.creds"},
-		"bad url":       {"NATS_URL": "http://x"},
-		"bad seed":      {"NATS_URL": "nats://127.0.0.1:4222,http://x"},
-		"empty seed":    {"NATS_URL": "nats://127.0.0.1:4222,,nats://127.0.0.1:4223"},
+		"two methods":    {"NATS_TOKEN": "x", "NATS_USER": "u", "NATS_PASSWORD": "p"},
+		"user only":      {"NATS_USER": "u"},
+		"cert only":      {"NATS_CERT": "/etc/hostname"},
+		"missing creds":  {"NATS_CREDS": "/nonexistent/user.creds"},
+		"bad url":        {"NATS_URL": "http://x"},
+		"bad seed":       {"NATS_URL": "nats://127.0.0.1:4222,http://x"},
+		"empty seed":     {"NATS_URL": "nats://127.0.0.1:4222,,nats://127.0.0.1:4223"},
+		"inbox wildcard": {"NATS_INBOX_PREFIX": "_INBOX_relay.>"},
+		"inbox dot":      {"NATS_INBOX_PREFIX": "_INBOX_relay."},
 	}
 	for name, env := range cases {
 		var c natsconn.Config
@@ -224,5 +227,35 @@ func TestCredentialsOffThisHostNeedTLS(t *testing.T) {
 				t.Errorf("%v: error %q does not name NATS_URL and NATS_ALLOW_INSECURE, or holds the credential", tt.env, msg)
 			}
 		}
+	}
+}
+
+// A user allowed to subscribe to its own inbox prefix only gets its
+// JetStream replies with NATS_INBOX_PREFIX, and none without it.
+func TestInboxPrefix(t *testing.T) {
+	t.Parallel()
+	perms := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.INFO"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_relay.>"}},
+	}
+	srv := natstest.StartWith(t, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "relay", Password: "pw", Permissions: perms}}
+	})
+	info := func(prefix string) error {
+		nc, js, err := natsconn.Connect(natsconn.Config{URL: srv.URL(), User: "relay", Password: "pw", InboxPrefix: prefix, ConnectTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err = js.AccountInfo(ctx)
+		return err
+	}
+	if err := info("_INBOX_relay"); err != nil {
+		t.Fatalf("with NATS_INBOX_PREFIX=_INBOX_relay: %v", err)
+	}
+	if err := info(""); err == nil {
+		t.Fatal("the default _INBOX got a reply the user may not subscribe to")
 	}
 }

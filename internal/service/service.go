@@ -280,6 +280,15 @@ func NATSConfig(c natsconn.Config, o Options, log *slog.Logger) natsconn.Config 
 	return c
 }
 
+// SetupTopology creates or updates the whole topology (the streams, the
+// consumers and the senders' flow bucket) with replicas copies, as a
+// process with NATS_ENSURE_TOPOLOGY=true does at start-up; relay setup runs
+// it with credentials allowed to manage streams, so that the fleet can run
+// without them.
+func SetupTopology(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) (*streams.Topology, error) {
+	return streams.Setup(ctx, js, streams.Settings{Ensure: true, Replicas: replicas}, log, ensureFlowBucket(max(replicas, 1)))
+}
+
 // ensureFlowBucket makes the senders' shared flow state (rate limit,
 // provider pauses) part of the topology, so that senders without create
 // permissions find it: created with the streams' replicas when missing, an

@@ -31,10 +31,15 @@ type Settings struct {
 
 // Bind binds NATS_ENSURE_TOPOLOGY and NATS_REPLICAS to s, each with a flag.
 func Bind(s *envflag.Set, c *Settings) {
-	s.Bool(&c.Ensure, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up, and recreate them if the broker loses them; false only checks they exist (for credentials without those permissions)")
-	s.Int(&c.Replicas, "nats-replicas", "NATS_REPLICAS", 1, 1, 5, "replicas of the streams SMS and SMS_DLQ and of the consumer: 1, or 3 or 5 on a JetStream cluster (needs nats-server >= 2.11, whose dedup survives a stream-leader change); an existing stream is scaled up in place, never down")
+	s.Bool(&c.Ensure, "nats-ensure-topology", "NATS_ENSURE_TOPOLOGY", true, "create or update the streams and consumer of nats/ at start-up, and recreate them if the broker loses them; false only checks they exist (for credentials without those permissions; run relay setup first)")
+	BindReplicas(s, &c.Replicas)
+}
+
+// BindReplicas binds NATS_REPLICAS to s, with a flag.
+func BindReplicas(s *envflag.Set, replicas *int) {
+	s.Int(replicas, "nats-replicas", "NATS_REPLICAS", 1, 1, 5, "replicas of the streams SMS and SMS_DLQ and of the consumer: 1, or 3 or 5 on a JetStream cluster (needs nats-server >= 2.11, whose dedup survives a stream-leader change); an existing stream is scaled up in place, never down")
 	s.Check(func() error {
-		if err := ValidReplicas(c.Replicas); err != nil {
+		if err := ValidReplicas(*replicas); err != nil {
 			return fmt.Errorf("-nats-replicas / NATS_REPLICAS: %w", err)
 		}
 		return nil
