@@ -13,14 +13,17 @@ demo: build
 	./$(BIN)/demo
 
 # The relay, sender and stub with their crash points compiled in, for the
-# soak only: a default build ignores SENDONCE_CRASHPOINTS.
+# soak only: a default build ignores SENDONCE_CRASHPOINTS. The receiver
+# (SOAK_ARGS="-provider lookup") goes beside them.
 CRASH_BIN := $(BIN)/crash
 crash-build:
-	$(GO) build -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub
+	$(GO) build -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub ./cmd/receiver
 
 # soak: rows through 2 relays and 3 senders under random faults; SOAK_ROWS
 # (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it;
-# SOAK_ARGS="-cluster" runs NATS as a 3-node cluster with leader kills.
+# SOAK_ARGS="-cluster" runs NATS as a 3-node cluster with leader kills;
+# SOAK_ARGS="-provider lookup" a provider without idempotency, settled by
+# lookups and receipts.
 soak: build crash-build
 	./$(BIN)/soak -bin $(CRASH_BIN) $(SOAK_ARGS)
 
