@@ -13,27 +13,33 @@ demo: build
 	./$(BIN)/demo
 
 # The relay, sender and stub with their crash points compiled in, for the
-# soak only: a default build ignores SENDONCE_CRASHPOINTS.
+# soak only: a default build ignores SENDONCE_CRASHPOINTS. The receiver
+# (SOAK_ARGS="-provider lookup") goes beside them.
 CRASH_BIN := $(BIN)/crash
 crash-build:
-	$(GO) build -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub
+	$(GO) build -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub ./cmd/receiver
 
 # soak: rows through 2 relays and 3 senders under random faults; SOAK_ROWS
 # (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it;
-# SOAK_ARGS="-cluster" runs NATS as a 3-node cluster with leader kills.
+# SOAK_ARGS="-cluster" runs NATS as a 3-node cluster with leader kills;
+# SOAK_ARGS="-provider lookup" a provider without idempotency, settled by
+# lookups and receipts.
 soak: build crash-build
 	./$(BIN)/soak -bin $(CRASH_BIN) $(SOAK_ARGS)
 
-# drill: two scripted failures with the binaries' default settings, timed:
+# drill: scripted failures with the binaries' default settings, timed:
 # NATS restarted on an empty store, then a Postgres failover (a streaming
-# standby promoted after the primary crashed). DRILL_ROWS (default 20000).
+# standby promoted after the primary crashed), at an idempotent provider and
+# at one without idempotency that the senders look up (no second delivery
+# allowed). DRILL_ROWS (default 20000).
 # Its database is its own (sendonce_soak_drill), so that a soak running at
 # the same time on the same server is not dropped under it.
 DRILL_ROWS ?= 20000
 DRILL_DB   ?= postgres://postgres@127.0.0.1:5432/sendonce_soak_drill?sslmode=disable
-drill: build
+drill: build crash-build
 	./$(BIN)/soak -rows $(DRILL_ROWS) -drill store-loss -database-url '$(DRILL_DB)' $(DRILL_ARGS)
 	./$(BIN)/soak -rows $(DRILL_ROWS) -drill pg-failover $(DRILL_ARGS)
+	./$(BIN)/soak -rows $(DRILL_ROWS) -drill pg-failover -provider lookup $(DRILL_ARGS)
 
 bench: build
 	./$(BIN)/bench

@@ -22,17 +22,21 @@ import (
 )
 
 // An operator in a real browser: logs in, reads the overview's counts
-// (they match the table), filters the dead letters, replays one after its
-// preview and confirmation, watches it go through the pipeline to sent, and
-// reads its timeline. The console runs as the role sendonce_console;
+// (they match the table, delivered rows of the last hour included),
+// filters the dead letters, replays one after its preview and
+// confirmation, watches it go through the pipeline to delivered (the
+// provider's receipt, through a real receiver), and reads its timeline,
+// the receipt among the attempts. The console runs as the role sendonce_console;
 // screenshots of each page go to SENDONCE_SCREENSHOTS (or the test's
 // temporary directory).
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	b := browsertest.Start(t)
-	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{FailRate: 1, FailStatus: 400, FailCode: 21211}}})
+	e := setup(t, envOptions{stub: smsstub.Config{Faults: smsstub.Faults{FailRate: 1, FailStatus: 400, FailCode: 21211},
+		Receipts: smsstub.Receipts{Secret: testReceiptSecret, Delay: time.Millisecond}}})
+	rcv := e.startReceiver()
 	e.startRelay(relay.Config{})
-	e.startSender(senderOptions{})
+	e.startSender(senderOptions{receipts: rcv})
 
 	// Three rows the provider refuses for good, then five it sends.
 	refused := e.insert(3)
@@ -44,7 +48,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	if err := e.stub.SetFaults(smsstub.Faults{}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitTerminal(e.insert(5), time.Minute)
+	e.waitSettled(e.insert(5), time.Minute)
 	// A sender stores the letter's sequence just after the status.
 	testkit.WaitFor(t, 30*time.Second, "the dead rows' letters", func() bool {
 		var n int
@@ -75,7 +79,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.Find(`[data-action="login"]`).Click()
 
 	// The overview's counts are the table's.
-	b.Wait(`[data-status="sent"]`, 10*time.Second)
+	b.Wait(`[data-status="delivered"]`, 10*time.Second)
 	want := map[string]int{}
 	rows, _ := e.pool.Query(context.Background(), `SELECT status, count(*) FROM sms_outbox GROUP BY status`)
 	var st string
@@ -89,8 +93,17 @@ func TestConsoleInABrowser(t *testing.T) {
 			t.Errorf("overview: %s shows %q, the table has %d", s, got, want[string(s)])
 		}
 	}
-	if want["dead"] != 3 || want["sent"] != 5 {
-		t.Fatalf("table %v, want 3 dead and 5 sent", want)
+	if want["dead"] != 3 || want["delivered"] != 5 {
+		t.Fatalf("table %v, want 3 dead and 5 delivered", want)
+	}
+	// Every row changed in the last minutes: the last hour's and day's
+	// counts are the table's too.
+	for _, s := range []string{"delivered", "undelivered", "dead"} {
+		for _, window := range []string{"hour", "day"} {
+			if got := b.Find(`[data-` + window + `="` + s + `"]`).Text(); got != strconv.Itoa(want[s]) {
+				t.Errorf("overview: %s in the last %s shows %q, the table has %d", s, window, got, want[s])
+			}
+		}
 	}
 	b.Screenshot("console-overview")
 
@@ -131,10 +144,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	b.Screenshot("console-replayed")
 
-	// The pipeline sends it, once.
-	rs := e.waitTerminal([]uuid.UUID{target}, time.Minute)
-	if rs[target].status != outbox.StatusSent {
-		t.Fatalf("the replayed row ended %s, want sent", rs[target].status)
+	// The pipeline sends it, once, and the provider's receipt settles it.
+	rs := e.waitSettled([]uuid.UUID{target}, time.Minute)
+	if rs[target].status != outbox.StatusDelivered {
+		t.Fatalf("the replayed row ended %s, want delivered", rs[target].status)
 	}
 	if d := e.stub.Deliveries()[target.String()].Deliveries; d != 1 {
 		t.Fatalf("the replayed row was delivered %d times", d)
@@ -146,17 +159,27 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 
 	// Its timeline: created, the refused attempt, the letter, the replay,
-	// the attempt that sent it; never the number or the body.
+	// the attempt that sent it, the receipt after it; never the number or
+	// the body.
 	b.Open(srv.URL + "/messages/" + target.String())
-	if got := b.Find(`[data-field="status"]`).Text(); got != "sent" {
-		t.Fatalf("the message page says %q, want sent", got)
+	if got := b.Find(`[data-field="status"]`).Text(); got != "delivered" {
+		t.Fatalf("the message page says %q, want delivered", got)
 	}
+	var order []string
 	kinds := map[string]int{}
-	for _, li := range b.FindAll("ol.timeline li") {
-		kinds[li.Attr("data-event")]++
+	for _, li := range b.FindAll(`[data-section="receipts"] ol.timeline li`) {
+		k := li.Attr("data-event")
+		kinds[k]++
+		order = append(order, k)
 	}
-	if kinds["created"] != 1 || kinds["attempt"] != 2 || kinds["letter"] != 1 || kinds["replay"] != 1 || kinds["status"] != 1 {
+	if kinds["created"] != 1 || kinds["attempt"] != 2 || kinds["letter"] != 1 || kinds["replay"] != 1 || kinds["receipt"] != 1 || kinds["status"] != 1 {
 		t.Errorf("timeline events %v", kinds)
+	}
+	if n := len(order); n < 3 || order[n-3] != "attempt" || order[n-2] != "receipt" {
+		t.Errorf("timeline order %v: want the receipt after the last attempt", order)
+	}
+	if r := b.Find(`li[data-event="receipt"]`).Attr("data-result"); r != "delivered" {
+		t.Errorf("the receipt's result is %q, want delivered", r)
 	}
 	text := b.Find("main").Text()
 	if strings.Contains(text, testPhone(0)) || strings.Contains(text, testBody(0)) {

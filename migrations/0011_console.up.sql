@@ -1,7 +1,7 @@
 -- sendonce:no-transaction
 -- The operator console (relay console): a role with only what its pages read
 -- and its replays write, a view that shows numbers masked, the audit of its
--- replays, and two indexes that keep its overview cheap on a large table.
+-- replays, and the indexes that keep its overview cheap on a large table.
 -- This file runs outside a transaction, one statement at a time, so that the
 -- index builds go on concurrently with the applications' writes. Every
 -- statement is safe to run again.
@@ -24,6 +24,13 @@ GRANT UPDATE (status, publish_gen, attempt_count, next_attempt_at, updated_at, s
     ON sms_outbox TO sendonce_console;
 GRANT SELECT ON sms_attempts TO sendonce_console;
 GRANT SELECT ON sendonce_schema_migrations TO sendonce_console;
+-- A message's receipts and lookups (migration 0008) and whether a lookup is
+-- due, for its timeline. sms_evidence holds neither the number nor the
+-- body; its columns are named so that a column added later is not read
+-- before someone decides it may be.
+GRANT SELECT (lookup_pending, lookups) ON sms_outbox TO sendonce_console;
+GRANT SELECT (id, outbox_id, kind, result, provider_ref, code, detail, reported_at, received_at, source)
+    ON sms_evidence TO sendonce_console;
 
 -- The number as the logs show it (outbox.MaskPhone: "+1*******67") and the
 -- body's length. A view runs with its owner's rights, so the console role
@@ -67,3 +74,16 @@ CREATE INDEX CONCURRENTLY sms_outbox_dead_idx ON sms_outbox (updated_at) INCLUDE
 -- the index's rightmost page.
 DROP INDEX CONCURRENTLY IF EXISTS sms_attempts_started_idx;
 CREATE INDEX CONCURRENTLY sms_attempts_started_idx ON sms_attempts (started_at) INCLUDE (outcome);
+
+-- Final rows (sent, delivered, undelivered, dead) by their last change,
+-- with their status: the overview counts each final status of the last
+-- hour and day from this index alone, and retention (outbox.Purge and the
+-- oldest purgeable age) reads it as it read sms_outbox_purgeable_idx of
+-- migration 0008, which it replaces: same key, same predicate, the status
+-- carried beside the key. Replacing rather than adding keeps one index
+-- entry per finished row. The new index is built before the old one goes,
+-- so retention always has one.
+DROP INDEX CONCURRENTLY IF EXISTS sms_outbox_final_idx;
+CREATE INDEX CONCURRENTLY sms_outbox_final_idx ON sms_outbox (updated_at) INCLUDE (status)
+    WHERE status IN ('sent', 'delivered', 'undelivered', 'dead');
+DROP INDEX CONCURRENTLY IF EXISTS sms_outbox_purgeable_idx;

@@ -31,7 +31,9 @@ func (s *soak) statusCounts(ctx context.Context) (map[string]int, error) {
 	return counts, err
 }
 
-func terminal(counts map[string]int) int { return counts["sent"] + counts["dead"] + counts["unknown"] }
+func terminal(counts map[string]int) int {
+	return counts["sent"] + counts["delivered"] + counts["undelivered"] + counts["dead"] + counts["unknown"]
+}
 
 // progress prints a line to stderr every 2 seconds until progressStop.
 func (s *soak) progress(ctx context.Context) {
@@ -61,9 +63,13 @@ func (s *soak) progress(ctx context.Context) {
 		if s.load != nil {
 			inserted = s.load.committed()
 		}
-		s.logf("inserted %d/%d | pending %d queued %d sending %d sent %d dead %d unknown %d | faults %d | processes up %d/5, unexpected exits %d",
-			inserted, s.cfg.rows, counts["pending"], counts["queued"], counts["sending"], counts["sent"], counts["dead"], counts["unknown"],
-			s.faults.total(), up, s.unexpected.Load())
+		settled := ""
+		if s.lookups() {
+			settled = fmt.Sprintf(" delivered %d undelivered %d", counts["delivered"], counts["undelivered"])
+		}
+		s.logf("inserted %d/%d | pending %d queued %d sending %d sent %d%s dead %d unknown %d | faults %d | processes up %d/%d, unexpected exits %d",
+			inserted, s.cfg.rows, counts["pending"], counts["queued"], counts["sending"], counts["sent"], settled, counts["dead"], counts["unknown"],
+			s.faults.total(), up, len(s.slots()), s.unexpected.Load())
 	}
 }
 
@@ -93,6 +99,36 @@ func (s *soak) waitTerminal(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
+// waitReceipts waits, after every row finished, until no sent row is
+// waiting for a receipt the stub still tries to deliver (the sent rows are
+// at most the receipts it gave up), or timeout has passed; the check then
+// tells a receipt given up from one sendonce lost.
+func (s *soak) waitReceipts(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		counts, err := s.statusCounts(ctx)
+		if err != nil {
+			return err
+		}
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := smsstub.FetchStats(sctx, s.stub.url)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if int64(counts["sent"]) <= st.ReceiptsGivenUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			s.logf("%d rows still sent %s after every row finished (the stub gave up %d receipts)", counts["sent"], timeout, st.ReceiptsGivenUp)
+			return nil
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return err
+		}
+	}
+}
+
 // badRow is a row that breaks an invariant.
 type badRow struct {
 	id         uuid.UUID
@@ -104,19 +140,27 @@ type badRow struct {
 
 // result is what the end of the soak found.
 type result struct {
-	rows               int
-	faults             string
-	sent, dead, unkn   int
-	dups               []badRow // keys delivered more than once
-	lost               []badRow // rows not terminal, missing, or sent without a delivery
-	foreign            []string // stub keys that are no row id
-	extraRows          int      // rows in the table the writers did not commit
-	refMismatch        []badRow // sent rows whose provider_ref is not the stub's id
-	deadDelivered      []badRow // dead rows the provider did deliver: the application was told nothing went out
-	unknownDelivered   int      // unknown rows the provider did deliver (unknown allows it)
-	noLetter           []badRow // dead or unknown rows without a dead letter
-	deadEarly          []badRow // dead for max_attempts with attempts left: a budget spent by something that was not an attempt
-	unknownForbidden   []badRow // unknown rows in a soak whose faults cannot make one (a non-idempotent provider)
+	rows             int
+	faults           string
+	sent, dead, unkn int
+	dups             []badRow // keys delivered more than once
+	lost             []badRow // rows not terminal, missing, or sent without a delivery
+	foreign          []string // stub keys that are no row id
+	extraRows        int      // rows in the table the writers did not commit
+	refMismatch      []badRow // sent rows whose provider_ref is not the stub's id
+	deadDelivered    []badRow // dead rows the provider did deliver: the application was told nothing went out
+	unknownDelivered int      // unknown rows the provider did deliver (unknown allows it)
+	noLetter         []badRow // dead or unknown rows without a dead letter
+	deadEarly        []badRow // dead for max_attempts with attempts left: a budget spent by something that was not an attempt
+	unknownForbidden []badRow // unknown rows in a soak whose faults cannot make one, or whose lookups settle them
+	// -provider lookup
+	lookups          bool
+	delivered, undel int
+	wrongFate        []badRow // delivered or undelivered, but not as the stub decided
+	receiptLost      []badRow // sent, though the receiver acknowledged the row's receipt
+	// receiptWithPrimary counts rows left sent whose acknowledged receipt
+	// was written on the old primary and lost with it (-drill pg-failover).
+	receiptWithPrimary int
 	deadReasons        map[string]int
 	stats              smsstub.Stats
 	unexpected, unterm int64
@@ -126,11 +170,16 @@ type result struct {
 
 func (r *result) failed() bool {
 	return len(r.dups) > 0 || len(r.lost) > 0 || len(r.foreign) > 0 || len(r.deadDelivered) > 0 || len(r.noLetter) > 0 ||
-		len(r.deadEarly) > 0 || len(r.unknownForbidden) > 0
+		len(r.deadEarly) > 0 || len(r.unknownForbidden) > 0 || len(r.wrongFate) > 0 || len(r.receiptLost) > 0
 }
 
 // line is the soak's one-line verdict.
 func (r *result) line(wall time.Duration) string {
+	if r.lookups {
+		return fmt.Sprintf("soak: rows %d; faults %s; delivered %d, undelivered %d, sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; wrong fate %d; receipts lost %d; lost %d; lookups %d, receipts %d (given up %d); wall %s",
+			r.rows, r.faults, r.delivered, r.undel, r.sent, r.dead, r.unkn, len(r.dups), len(r.deadDelivered), len(r.wrongFate), len(r.receiptLost),
+			len(r.lost), r.stats.Lookups, r.stats.ReceiptsSent, r.stats.ReceiptsGivenUp, wall.Round(time.Second))
+	}
 	return fmt.Sprintf("soak: rows %d; faults %s; sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; lost %d; wall %s",
 		r.rows, r.faults, r.sent, r.dead, r.unkn, len(r.dups), len(r.deadDelivered), len(r.lost), wall.Round(time.Second))
 }
@@ -146,10 +195,6 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 	stats, err := smsstub.FetchStats(cctx, s.stub.url)
 	if err != nil {
 		return nil, err
-	}
-	type dbRow struct {
-		status, ref, lastErr, reason string
-		attempts, maxAttempts        int
 	}
 	table := map[uuid.UUID]dbRow{}
 	rows, _ := s.pool.Query(cctx, `SELECT id, status, coalesce(provider_ref, ''), coalesce(last_error, ''), coalesce(end_reason, ''),
@@ -168,7 +213,7 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 
-	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{},
+	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{}, lookups: s.lookups(),
 		unexpected: s.unexpected.Load(), unterm: s.termUnclean.Load(), cpMissed: s.cpMissed.Load()}
 	ids := s.load.committedIDs()
 	res.rows = len(ids)
@@ -176,59 +221,8 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 	for _, id := range ids {
 		ours[id.String()] = true
 		row, ok := table[id]
-		d := deliveries[id.String()]
-		b := badRow{id: id, status: row.status, attempts: row.attempts, deliveries: d.Deliveries}
-		if d.Deliveries > 1 {
-			b.why = "delivered more than once"
-			res.dups = append(res.dups, b)
-		}
-		switch {
-		case !ok && s.drill != nil && s.drill.gone[id]:
-			// Committed on the old primary, never replicated: lost with
-			// it (the drill reports them), not by the pipeline.
-			res.goneWithPrimary++
-		case !ok:
-			b.status, b.why = "missing", "committed row is gone"
-			res.lost = append(res.lost, b)
-		case row.status == "sent":
-			res.sent++
-			if d.Deliveries == 0 {
-				b.why = "sent but never delivered"
-				res.lost = append(res.lost, b)
-			} else if row.ref != d.ProviderID {
-				b.why = fmt.Sprintf("provider_ref %q, stub id %q", row.ref, d.ProviderID)
-				res.refMismatch = append(res.refMismatch, b)
-			}
-		case row.status == "dead" || row.status == "unknown":
-			if row.status == "dead" {
-				res.dead++
-				res.deadReasons[reasonOf(row.lastErr)]++
-				if d.Deliveries > 0 {
-					b.why = "dead, but the provider delivered it"
-					res.deadDelivered = append(res.deadDelivered, b)
-				}
-				if row.reason == "max_attempts" && row.attempts < row.maxAttempts {
-					b.why = fmt.Sprintf("dead for max_attempts after %d of %d attempts", row.attempts, row.maxAttempts)
-					res.deadEarly = append(res.deadEarly, b)
-				}
-			} else {
-				res.unkn++
-				if d.Deliveries > 0 {
-					res.unknownDelivered++
-				}
-				if s.cfg.provider == providerNonIdempotent {
-					b.why = "unknown, though no fault drawn can make an outcome unknown: " + row.lastErr
-					res.unknownForbidden = append(res.unknownForbidden, b)
-				}
-			}
-			if !lettered[id] {
-				b.why = "finished " + row.status + " without a dead letter"
-				res.noLetter = append(res.noLetter, b)
-			}
-		default:
-			b.why = "not terminal at the deadline"
-			res.lost = append(res.lost, b)
-		}
+		res.classify(id, row, ok, deliveries[id.String()], lettered[id], s.cfg.provider,
+			s.drill != nil && s.drill.gone[id], s.drill != nil && s.drill.rewound[id])
 	}
 	for key := range deliveries {
 		if !ours[key] {
@@ -242,11 +236,25 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		}
 	}
 	s.failoverNotes(deliveries)
+	if res.receiptWithPrimary > 0 {
+		s.logf("note: %d rows stay sent whose receipt the receiver had written on the old primary (lost with it; the provider does not send it again)", res.receiptWithPrimary)
+		if s.drill != nil {
+			s.drill.note("%d rows stay sent: their receipts were written on the old primary only", res.receiptWithPrimary)
+		}
+	}
 	if res.goneWithPrimary > 0 {
 		s.logf("note: %d committed rows were lost with the old primary (asynchronous replication); not counted as lost by the pipeline", res.goneWithPrimary)
 	}
 	s.logf("provider: %d requests, %d deliveries, %d replays, %d withheld, %d injected failures, %d rate-limited, %d conflicts",
 		stats.Requests, stats.Deliveries, stats.Replays, stats.Withheld, stats.Failures, stats.RateLimited, stats.Conflicts)
+	if res.lookups {
+		ev, err := s.evidenceCounts(cctx)
+		if err != nil {
+			return nil, err
+		}
+		s.logf("evidence: %d lookups (%d failed), %d receipts answered 2xx (%d tries failed, %d given up); recorded: %s",
+			stats.Lookups, stats.LookupFailures, stats.ReceiptsSent, stats.ReceiptFailures, stats.ReceiptsGivenUp, ev)
+	}
 	s.logf("processes: %d unexpected exits, %d unclean SIGTERM exits, %d crash points armed but not reached",
 		res.unexpected, res.unterm, res.cpMissed)
 	if res.dead > 0 {
@@ -266,6 +274,110 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 			len(res.refMismatch), res.refMismatch[0].id, res.refMismatch[0].why)
 	}
 	return res, nil
+}
+
+// evidenceCounts sums the recorded receipts and lookups by kind and
+// result, as "lookup found 120, receipt delivered 4500, ...".
+func (s *soak) evidenceCounts(ctx context.Context) (string, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT kind || ' ' || result, count(*) FROM sms_evidence GROUP BY 1 ORDER BY 1`)
+	var parts []string
+	var k string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&k, &n}, func() error { parts = append(parts, fmt.Sprintf("%s %d", k, n)); return nil }); err != nil {
+		return "", fmt.Errorf("count evidence: %w", err)
+	}
+	if len(parts) == 0 {
+		return "none", nil
+	}
+	return strings.Join(parts, ", "), nil
+}
+
+// dbRow is a row as the check reads it.
+type dbRow struct {
+	status, ref, lastErr, reason string
+	attempts, maxAttempts        int
+}
+
+// classify counts one committed row (ok: it is in the table; d: the stub's
+// record of its key; lettered: its dead letter is stored; gone: it was lost
+// with the old primary in a failover drill; rewound: its last status write
+// was) and records what it breaks.
+func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, lettered bool, provider string, gone, rewound bool) {
+	b := badRow{id: id, status: row.status, attempts: row.attempts, deliveries: d.Deliveries}
+	if d.Deliveries > 1 {
+		b.why = "delivered more than once"
+		r.dups = append(r.dups, b)
+	}
+	switch {
+	case !ok && gone:
+		// Committed on the old primary, never replicated: lost with
+		// it (the drill reports them), not by the pipeline.
+		r.goneWithPrimary++
+	case !ok:
+		b.status, b.why = "missing", "committed row is gone"
+		r.lost = append(r.lost, b)
+	case row.status == "sent" || row.status == "delivered" || row.status == "undelivered":
+		switch row.status {
+		case "sent":
+			r.sent++
+		case "delivered":
+			r.delivered++
+		default:
+			r.undel++
+		}
+		switch {
+		case d.Deliveries == 0:
+			b.why = row.status + " but never delivered"
+			r.lost = append(r.lost, b)
+		case row.status == "sent" && d.ReceiptAcked && rewound:
+			// The receipt was written on the old primary and lost with
+			// it: asynchronous replication's price, which the drill
+			// reports.
+			r.receiptWithPrimary++
+		case row.status == "sent" && d.ReceiptAcked:
+			b.why = "sent, though the receiver acknowledged its " + d.Fate + " receipt"
+			r.receiptLost = append(r.receiptLost, b)
+		case row.status != "sent" && row.status != d.Fate:
+			b.why = fmt.Sprintf("%s, but the provider decided %q", row.status, d.Fate)
+			r.wrongFate = append(r.wrongFate, b)
+		case row.ref != d.ProviderID:
+			b.why = fmt.Sprintf("provider_ref %q, stub id %q", row.ref, d.ProviderID)
+			r.refMismatch = append(r.refMismatch, b)
+		}
+	case row.status == "dead" || row.status == "unknown":
+		if row.status == "dead" {
+			r.dead++
+			r.deadReasons[reasonOf(row.lastErr)]++
+			if d.Deliveries > 0 {
+				b.why = "dead, but the provider delivered it"
+				r.deadDelivered = append(r.deadDelivered, b)
+			}
+			if row.reason == "max_attempts" && row.attempts < row.maxAttempts {
+				b.why = fmt.Sprintf("dead for max_attempts after %d of %d attempts", row.attempts, row.maxAttempts)
+				r.deadEarly = append(r.deadEarly, b)
+			}
+		} else {
+			r.unkn++
+			if d.Deliveries > 0 {
+				r.unknownDelivered++
+			}
+			switch provider {
+			case providerNonIdempotent:
+				b.why = "unknown, though no fault drawn can make an outcome unknown: " + row.lastErr
+				r.unknownForbidden = append(r.unknownForbidden, b)
+			case providerLookup:
+				b.why = "unknown, though lookups settle every unanswered attempt: " + row.lastErr
+				r.unknownForbidden = append(r.unknownForbidden, b)
+			}
+		}
+		if !lettered {
+			b.why = "finished " + row.status + " without a dead letter"
+			r.noLetter = append(r.noLetter, b)
+		}
+	default:
+		b.why = "not terminal at the deadline"
+		r.lost = append(r.lost, b)
+	}
 }
 
 // waitLetters waits until every dead or unknown row has its dead letter
@@ -345,12 +457,18 @@ func formatReasons(m map[string]int) string {
 	return strings.Join(parts, "; ")
 }
 
-// diagnose prints the offending rows and the trace of a few of them.
-func (s *soak) diagnose(ctx context.Context, res *result) {
+// bad returns every row that breaks an invariant, by kind.
+func (r *result) bad() []badRow {
 	var bad []badRow
-	for _, l := range [][]badRow{res.dups, res.lost, res.deadDelivered, res.noLetter, res.deadEarly, res.unknownForbidden} {
+	for _, l := range [][]badRow{r.dups, r.lost, r.deadDelivered, r.noLetter, r.deadEarly, r.unknownForbidden, r.wrongFate, r.receiptLost} {
 		bad = append(bad, l...)
 	}
+	return bad
+}
+
+// diagnose prints the offending rows and the trace of a few of them.
+func (s *soak) diagnose(ctx context.Context, res *result) {
+	bad := res.bad()
 	for i, b := range bad {
 		if i == 20 {
 			s.logf("... and %d more", len(bad)-20)

@@ -52,6 +52,7 @@ type drill struct {
 	// pg-failover
 	gone       map[uuid.UUID]bool // committed on the old primary, lost with it
 	statusLost map[string]int     // "sent>queued": status writes the standby never got
+	rewound    map[uuid.UUID]bool // rows whose last status write the standby never got
 }
 
 func (d *drill) note(format string, args ...any) {
@@ -176,11 +177,13 @@ func (s *soak) timeRecovery(ctx context.Context, from time.Time, event string) e
 	return nil
 }
 
+// countSent counts the rows the provider took: sent, and settled by a
+// receipt or a lookup.
 func (s *soak) countSent(ctx context.Context) int {
 	var n int
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := s.pool.QueryRow(qctx, `SELECT count(*) FROM sms_outbox WHERE status = 'sent'`).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(qctx, `SELECT count(*) FROM sms_outbox WHERE status IN ('sent', 'delivered', 'undelivered')`).Scan(&n); err != nil {
 		return -1
 	}
 	return n
@@ -359,7 +362,7 @@ func (s *soak) drillFailover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read the old primary: %w", err)
 	}
-	s.drill.gone, s.drill.statusLost = map[uuid.UUID]bool{}, map[string]int{}
+	s.drill.gone, s.drill.statusLost, s.drill.rewound = map[uuid.UUID]bool{}, map[string]int{}, map[uuid.UUID]bool{}
 	for id, st := range was {
 		now, ok := snap[id]
 		switch {
@@ -367,6 +370,7 @@ func (s *soak) drillFailover(ctx context.Context) error {
 			s.drill.gone[id] = true
 		case now != st:
 			s.drill.statusLost[st+">"+now]++
+			s.drill.rewound[id] = true
 		}
 	}
 	lostWrites := 0
@@ -392,6 +396,15 @@ func (s *soak) failoverNotes(deliveries map[string]smsstub.Delivery) {
 		}
 	}
 	s.drill.note("of the %d lost inserts the provider had delivered %d before the crash (their rows are gone with the application's transactions)", len(s.drill.gone), delivered)
+	if s.lookups() {
+		twice := 0
+		for id := range s.drill.rewound {
+			if deliveries[id.String()].Deliveries > 1 {
+				twice++
+			}
+		}
+		s.drill.note("at a provider without idempotency, with lookups: of the %d rows whose status write was lost, %d were delivered twice", len(s.drill.rewound), twice)
+	}
 }
 
 // rowStatuses reads every row's status from the database at dsn.

@@ -29,10 +29,12 @@ var faultKinds = []string{
 }
 
 // kindsFor returns the fault kinds drawn for a provider mode. At a provider
-// without idempotency, a sender killed mid-call, a lost response and a reset
-// response make an outcome unknown by nature; the others must not.
+// without idempotency and without lookups, a sender killed mid-call, a lost
+// response and a reset response make an outcome unknown by nature; the
+// others must not. With lookups, every kind is drawn.
 func kindsFor(provider string) []string {
-	if provider == providerIdempotent {
+	if provider == providerIdempotent || provider == providerLookup {
+		// Lookups settle what a lost answer leaves open.
 		return faultKinds
 	}
 	var out []string

@@ -17,13 +17,21 @@
 // burst, a 429 storm, connection resets on the provider path, a cut of the
 // database connections, a Postgres outage of 15-35 s), is injected every few
 // seconds. With -provider non-idempotent the stub ignores keys and only the
-// kinds that cannot make an outcome unknown by themselves are drawn.
+// kinds that cannot make an outcome unknown by themselves are drawn. With
+// -provider lookup the stub ignores keys too, but sends signed delivery
+// receipts to a receiver (a sixth process) and the senders look an
+// unanswered attempt up before anything else, so every kind is drawn.
 //
 // End: every fault is restored, every process made to run, and the soak waits
 // for every row to reach a terminal status. It then compares the rows with
 // the stub's deliveries per idempotency key and prints one line to stdout:
 //
-//	soak: rows 5000; faults 21 (sender_kill 2, ...); sent 5000, dead 0, unknown 0; duplicates 0; lost 0; wall 2m3s
+//	soak: rows 5000; faults 21 (sender_kill 2, ...); sent 5000, dead 0, unknown 0; duplicates 0; dead but delivered 0; lost 0; wall 2m3s
+//
+// With -provider lookup the line counts the settled statuses and the
+// evidence, and a row whose status is not the stub's decision fails it:
+//
+//	soak: rows 5000; faults 21 (...); delivered 4490, undelivered 500, sent 10, dead 0, unknown 0; duplicates 0; dead but delivered 0; wrong fate 0; receipts lost 0; lost 0; lookups 310, receipts 5262 (given up 10); wall 2m3s
 //
 // With -cluster, NATS is a 3-node JetStream cluster of nats-server processes
 // (bin/nats-server; NATS_REPLICAS=3, sync_interval always), and the broker
@@ -92,7 +100,23 @@ const (
 	// responses): any row that ends unknown is then a fault of sendonce's
 	// (an outage turned into a guess), and fails the soak.
 	providerNonIdempotent = "non-idempotent"
+	// providerLookup: the stub ignores keys and sends signed delivery
+	// receipts; the senders look an unanswered attempt up before anything
+	// else (SMS_API_LOOKUP=true) and name the receiver as callback_url.
+	// Every fault kind is drawn, the ones that lose answers included:
+	// lookups settle them. Every row must end as the stub decided it
+	// (delivered or undelivered; sent while its receipt is not through),
+	// delivered once, none unknown.
+	providerLookup = "lookup"
 )
+
+// receiptSecret signs the stub's receipts for the receiver (-provider
+// lookup).
+const receiptSecret = "soak-receipt-secret-0123456789abcdef"
+
+// undeliveredSuffix: with -provider lookup, the stub reports messages to
+// numbers ending in it undelivered (a tenth of the rows).
+const undeliveredSuffix = "7"
 
 // maxRows bounds -rows: phone numbers are +1555 and 7 digits of the row index.
 const maxRows = 1_000_000
@@ -115,8 +139,9 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.holdOnFailure, "hold-on-failure", "SOAK_HOLD_ON_FAILURE", false,
 		"on a duplicate or a loss, keep NATS, the stub and the processes running (print how to reach them) until SIGINT or -hold-max")
 	s.Duration(&c.holdMax, "hold-max", "SOAK_HOLD_MAX", time.Hour, time.Second, 24*time.Hour, "longest hold with -hold-on-failure")
-	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent},
-		"idempotent: the stub honours keys, every fault kind; non-idempotent: the stub ignores keys, only faults that cannot make an outcome unknown, and any unknown row fails the soak")
+	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent, providerLookup},
+		"idempotent: the stub honours keys, every fault kind; non-idempotent: the stub ignores keys, only faults that cannot make an outcome unknown, and any unknown row fails the soak; "+
+			"lookup: the stub ignores keys and sends signed receipts to a receiver, the senders look up (SMS_API_LOOKUP=true), every fault kind, and each row must end as the stub decided, delivered once, none unknown")
 	s.Bool(&c.cluster, "cluster", "SOAK_CLUSTER", false,
 		"run NATS as a 3-node JetStream cluster of nats-server processes (NATS_REPLICAS=3, sync_interval always), with leader kills, node restarts and a node's store loss among the faults")
 	s.String(&c.natsServer, "nats-server", "SOAK_NATS_SERVER", "", "nats-server binary for -cluster (default: nats-server in -bin, else beside the soak binary, where make build puts it)")
@@ -133,13 +158,10 @@ func bind(s *envflag.Set, c *config) {
 			return fmt.Errorf("-database-url / SOAK_DATABASE_URL: database %q is dropped at start, so its name must contain \"soak\"", name)
 		}
 		if c.drill == "pg-failover" && c.provider == providerNonIdempotent {
-			// NOT BUILT YET, marked for the receipts/lookup work: a status
-			// write lost with the primary sends a row again at a provider
-			// without idempotency, unless the sender looks the attempt up
-			// (SMS_API_LOOKUP, DESIGN 4.5). Once the sender has lookups,
-			// this mode runs the drill with the stub ignoring keys and the
-			// senders looking up, and must show no second delivery.
-			return errors.New("-drill pg-failover with -provider non-idempotent is not built yet: it needs lookups at the provider (SMS_API_LOOKUP, the receipts/lookup work)")
+			// A status write lost with the primary sends a row again at a
+			// provider without idempotency unless the sender looks the
+			// attempt up first: that is -provider lookup.
+			return errors.New("-drill pg-failover with -provider non-idempotent would send rows twice by design (a status write lost with the primary, no lookup to find the message): use -provider lookup")
 		}
 		return nil
 	})

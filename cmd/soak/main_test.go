@@ -14,6 +14,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/natscluster"
+	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
 )
@@ -42,10 +43,13 @@ func TestParseConfig(t *testing.T) {
 	if _, err = parseConfig([]string{"-drill", "flood"}, getenv, io.Discard); err == nil {
 		t.Fatal("an unknown drill was accepted")
 	}
-	// Marked, not built: the failover at a provider without idempotency
-	// waits for lookups at the provider.
-	if _, err = parseConfig([]string{"-drill", "pg-failover", "-provider", "non-idempotent"}, getenv, io.Discard); err == nil || !strings.Contains(err.Error(), "not built yet") {
+	// A failover at a provider without idempotency is run with lookups;
+	// without them it would send rows twice by design.
+	if _, err = parseConfig([]string{"-drill", "pg-failover", "-provider", "non-idempotent"}, getenv, io.Discard); err == nil || !strings.Contains(err.Error(), "-provider lookup") {
 		t.Fatalf("-drill pg-failover -provider non-idempotent: %v", err)
+	}
+	if c, err = parseConfig([]string{"-drill", "pg-failover", "-provider", "lookup"}, getenv, io.Discard); err != nil || c.provider != providerLookup {
+		t.Fatalf("-drill pg-failover -provider lookup: %+v, %v", c, err)
 	}
 }
 
@@ -94,6 +98,75 @@ func TestLine(t *testing.T) {
 	}
 }
 
+// At a provider without idempotency that the senders look up, the verdict
+// counts each settled status and fails on a duplicate, on a row settled
+// otherwise than the provider decided, on a receipt the receiver
+// acknowledged but the row does not show, on an unknown row and on an
+// unfinished one; a row left sent whose receipt the provider gave up on is
+// counted, not failed.
+func TestClassifyAtALookupProvider(t *testing.T) {
+	t.Parallel()
+	r := &result{lookups: true, deadReasons: map[string]int{}}
+	lookup := func(status string, d smsstub.Delivery, ok bool) badRow {
+		t.Helper()
+		id := uuid.New()
+		r.classify(id, dbRow{status: status, ref: d.ProviderID, maxAttempts: 8}, ok, d, true, providerLookup, false, false)
+		var out badRow
+		for _, b := range r.bad() {
+			if b.id == id {
+				out.why += b.why + "; "
+			}
+		}
+		return out
+	}
+	good := []struct {
+		status string
+		d      smsstub.Delivery
+	}{
+		{"delivered", smsstub.Delivery{Deliveries: 1, ProviderID: "msg_1", Fate: "delivered", ReceiptAcked: true}},
+		{"undelivered", smsstub.Delivery{Deliveries: 1, ProviderID: "msg_2", Fate: "undelivered", ReceiptAcked: true}},
+		{"sent", smsstub.Delivery{Deliveries: 1, ProviderID: "msg_3", Fate: "delivered"}}, // its receipt given up
+	}
+	for _, g := range good {
+		if b := lookup(g.status, g.d, true); b.why != "" {
+			t.Fatalf("%s %+v: %s", g.status, g.d, b.why)
+		}
+	}
+	if r.failed() {
+		t.Fatal("settled rows fail the soak")
+	}
+	for _, tt := range []struct {
+		status string
+		d      smsstub.Delivery
+		ok     bool
+		want   string
+	}{
+		{"delivered", smsstub.Delivery{Deliveries: 2, ProviderID: "msg_4", Fate: "delivered", ReceiptAcked: true}, true, "delivered more than once"},
+		{"delivered", smsstub.Delivery{Deliveries: 1, ProviderID: "msg_5", Fate: "undelivered", ReceiptAcked: true}, true, `delivered, but the provider decided "undelivered"`},
+		{"sent", smsstub.Delivery{Deliveries: 1, ProviderID: "msg_6", Fate: "delivered", ReceiptAcked: true}, true, "acknowledged its delivered receipt"},
+		{"delivered", smsstub.Delivery{}, true, "delivered but never delivered"},
+		{"unknown", smsstub.Delivery{}, true, "lookups settle every unanswered attempt"},
+		{"sending", smsstub.Delivery{Deliveries: 1}, true, "not terminal"},
+		{"", smsstub.Delivery{}, false, "committed row is gone"},
+	} {
+		if b := lookup(tt.status, tt.d, tt.ok); !strings.Contains(b.why, tt.want) {
+			t.Errorf("%s %+v: %q, want %q", tt.status, tt.d, b.why, tt.want)
+		}
+	}
+	if !r.failed() {
+		t.Fatal("bad rows do not fail the soak")
+	}
+	if r.delivered != 4 || r.undel != 1 || r.sent != 2 || r.unkn != 1 || len(r.dups) != 1 || len(r.wrongFate) != 1 || len(r.receiptLost) != 1 {
+		t.Fatalf("counts %+v", r)
+	}
+	r.rows, r.faults = 10, "0 (sender_kill 0)"
+	r.stats = smsstub.Stats{Lookups: 7, ReceiptsSent: 9, ReceiptsGivenUp: 1}
+	want := "soak: rows 10; faults 0 (sender_kill 0); delivered 4, undelivered 1, sent 2, dead 0, unknown 1; duplicates 1; dead but delivered 0; wrong fate 1; receipts lost 1; lost 3; lookups 7, receipts 9 (given up 1); wall 1m0s"
+	if got := r.line(time.Minute); got != want {
+		t.Fatalf("line:\n got %s\nwant %s", got, want)
+	}
+}
+
 // Without idempotency, the soak draws no fault that makes an outcome
 // unknown by nature, so that any unknown row is sendonce's fault.
 func TestKindsForANonIdempotentProvider(t *testing.T) {
@@ -111,6 +184,9 @@ func TestKindsForANonIdempotentProvider(t *testing.T) {
 	}
 	if len(kindsFor(providerIdempotent)) != len(faultKinds) {
 		t.Error("the idempotent soak does not draw every kind")
+	}
+	if len(kindsFor(providerLookup)) != len(faultKinds) {
+		t.Error("the soak with lookups does not draw every kind")
 	}
 }
 

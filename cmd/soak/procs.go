@@ -126,14 +126,22 @@ type stubProc struct {
 }
 
 // startStub starts the smsstub binary on a free port and reads its URL from
-// the line it prints once listening.
-func startStub(ctx context.Context, binDir, logDir, apiKey string, ignoreKeys bool) (*stubProc, error) {
+// the line it prints once listening. At a provider without idempotency it
+// ignores keys; with lookups it also sends signed receipts, some twice and
+// some followed by an older one, 0.2 to 1.2 s after acceptance.
+func startStub(ctx context.Context, binDir, logDir, apiKey, provider string) (*stubProc, error) {
 	args := []string{"-addr", "127.0.0.1:0"}
-	if ignoreKeys {
+	env := []string{"SMS_API_KEY=" + apiKey}
+	if provider != providerIdempotent {
 		args = append(args, "-ignore-keys")
 	}
+	if provider == providerLookup {
+		args = append(args, "-undelivered-suffixes", undeliveredSuffix, "-receipt-delay", "200ms", "-receipt-jitter", "1s",
+			"-receipt-duplicate-rate", "0.05", "-receipt-reorder-rate", "0.05")
+		env = append(env, "SMS_WEBHOOK_SECRET="+receiptSecret)
+	}
 	p, err := proc.Start(proc.Spec{Name: "smsstub", Path: filepath.Join(binDir, "smsstub"), Args: args,
-		Env: []string{"SMS_API_KEY=" + apiKey}, LogFile: filepath.Join(logDir, "smsstub.log"), Group: true})
+		Env: env, LogFile: filepath.Join(logDir, "smsstub.log"), Group: true})
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testport"
 )
 
 // soak is one run: its infrastructure, processes, load and faults.
@@ -50,6 +51,7 @@ type soak struct {
 	apiKey     string
 	relays     []*slot
 	senders    []*slot
+	receivers  []*slot // -provider lookup: the receiver of the stub's receipts
 
 	load   *loader
 	faults faultCounts
@@ -90,8 +92,12 @@ func clock(d time.Duration) string {
 }
 
 func (s *soak) slots() []*slot {
-	return append(append([]*slot{}, s.relays...), s.senders...)
+	return append(append(append([]*slot{}, s.relays...), s.senders...), s.receivers...)
 }
+
+// lookups reports whether the soak plays a provider without idempotency
+// that the senders look up and that sends receipts (-provider lookup).
+func (s *soak) lookups() bool { return s.cfg.provider == providerLookup }
 
 // run sets everything up, runs the load and the faults, waits for the rows
 // to finish and checks them. failed reports a duplicate or a loss; err a
@@ -105,7 +111,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		s.logFile = f
 		s.outMu.Unlock()
 	}
-	if err := checkBinaries(s.cfg.binDir); err != nil {
+	if err := checkBinaries(s.cfg.binDir, s.lookups()); err != nil {
 		return false, err
 	}
 	if s.cfg.drill != "" {
@@ -158,7 +164,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	}
 
 	s.apiKey = "soak-" + uuid.NewString()
-	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey, s.cfg.provider == providerNonIdempotent); err != nil {
+	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey, s.cfg.provider); err != nil {
 		return false, err
 	}
 	stubAddr, err := hostPort(s.stub.url, "80")
@@ -186,6 +192,25 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		senderEnv = append(common[:len(common):len(common)],
 			"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey)
 	}
+	if s.lookups() {
+		// The receiver on a port fixed for the run, so that a restarted
+		// receiver is where the callback URLs already sent point.
+		port, err := testport.Pick()
+		if err != nil {
+			return false, err
+		}
+		receiverURL := fmt.Sprintf("http://127.0.0.1:%d", port)
+		s.receivers = append(s.receivers, s.newSlot("receiver-1", "receiver", []string{
+			"DATABASE_URL=" + s.proxiedURL, "LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0", "SHUTDOWN_TIMEOUT=10s",
+			fmt.Sprintf("RECEIPTS_ADDR=127.0.0.1:%d", port), "SMS_WEBHOOK_SECRET=" + receiptSecret,
+		}))
+		senderEnv = append(senderEnv, "SMS_API_IDEMPOTENT=false", "SMS_API_LOOKUP=true", "RECEIPTS_PUBLIC_URL="+receiverURL)
+		if s.cfg.drill == "" {
+			// The stub shows an accepted message to a lookup at once.
+			senderEnv = append(senderEnv, "SMS_API_LOOKUP_SETTLE=1s")
+		}
+		s.logf("receiver %s; senders look up an unanswered attempt; the stub sends receipts (numbers ending %s undelivered)", receiverURL, undeliveredSuffix)
+	}
 	for i := range 2 {
 		s.relays = append(s.relays, s.newSlot(fmt.Sprintf("relay-%d", i+1), "relay", relayEnv))
 	}
@@ -200,7 +225,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 			return false, err
 		}
 	}
-	s.logf("started 2 relays and 3 senders")
+	s.logf("started %s", s.processDescription())
 	if s.cfg.drill != "" {
 		// A slow provider until the failure, so that a backlog builds:
 		// rows queued in the stream when its store goes, rows sent after
@@ -239,9 +264,16 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	if err := s.restore(ctx); err != nil {
 		return false, err
 	}
-	s.logf("faults restored; 2 relays and 3 senders running; waiting up to %s for every row to finish", s.cfg.drainTimeout)
+	s.logf("faults restored; %s running; waiting up to %s for every row to finish", s.processDescription(), s.cfg.drainTimeout)
 	if err := s.waitTerminal(ctx, s.cfg.drainTimeout); err != nil {
 		return false, err
+	}
+	if s.lookups() {
+		// Receipts come a little after a row is sent; the stub tries each
+		// for about half a minute.
+		if err := s.waitReceipts(ctx, time.Minute); err != nil {
+			return false, err
+		}
 	}
 	// A row that ended dead or unknown gets its dead letter after its
 	// status; one whose sender died in between gets it from the reconciler.
@@ -388,15 +420,20 @@ func hostPort(raw, defPort string) (string, error) {
 
 // checkBinaries makes sure the relay and the sender in binDir were built
 // with the crash points compiled in (a default build ignores the variable,
-// and the crashpoint fault would prove nothing), and the stub is there.
-func checkBinaries(binDir string) error {
-	for _, b := range []string{"relay", "sender", "smsstub"} {
+// and the crashpoint fault would prove nothing), and the stub (and with
+// receiver, the receiver) is there.
+func checkBinaries(binDir string, receiver bool) error {
+	bins := []string{"relay", "sender", "smsstub"}
+	if receiver {
+		bins = append(bins, "receiver")
+	}
+	for _, b := range bins {
 		path := filepath.Join(binDir, b)
 		info, err := buildinfo.ReadFile(path)
 		if err != nil {
 			return fmt.Errorf("binary %s in %s (run make soak, which builds them): %w", b, binDir, err)
 		}
-		if b == "smsstub" {
+		if b == "smsstub" || b == "receiver" {
 			continue
 		}
 		tagged := false
@@ -410,4 +447,13 @@ func checkBinaries(binDir string) error {
 		}
 	}
 	return nil
+}
+
+// processDescription names the processes the soak runs.
+func (s *soak) processDescription() string {
+	d := fmt.Sprintf("%d relays and %d senders", len(s.relays), len(s.senders))
+	if len(s.receivers) > 0 {
+		d = fmt.Sprintf("%d relays, %d senders and %d receiver", len(s.relays), len(s.senders), len(s.receivers))
+	}
+	return d
 }

@@ -436,3 +436,97 @@ func TestFindAMessage(t *testing.T) {
 		t.Errorf("unknown id: %s", res.Status)
 	}
 }
+
+// settledRow makes a row that a sender sent after a lookup found nothing
+// and a receipt settled, changed age ago: its attempts, its lookup and its
+// receipt, as the sender and the receiver record them.
+func (f *fixture) settledRow(status string, age time.Duration) uuid.UUID {
+	f.t.Helper()
+	ctx := context.Background()
+	id := uuid.New()
+	if _, err := f.owner.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, attempt_count, provider_ref, created_at, updated_at)
+		VALUES ($1, '+15557654321', 'Your secret code is 771234', $2, 2, 'msg_settled', now() - $3::interval - interval '1 minute', now() - $3::interval)`,
+		id, status, age); err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := f.owner.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, latency_ms, outcome, http_status, error)
+		VALUES ($1, 1, now() - $2::interval - interval '50 seconds', 5000, 'lookup', 0, 'read timeout after the request was written'),
+		       ($1, 2, now() - $2::interval - interval '30 seconds', 40, 'sent', 201, NULL)`, id, age); err != nil {
+		f.t.Fatal(err)
+	}
+	code := map[string]any{"delivered": nil, "undelivered": 30003}[status]
+	if _, err := f.owner.Exec(ctx, `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, code, detail, reported_at, received_at, source)
+		VALUES ($1, 'lookup', 'none', NULL, NULL, 'lookup: the provider has no message for this reference', NULL, now() - $2::interval - interval '40 seconds', 'sender'),
+		       ($1, 'receipt', $3, 'msg_settled', $4, NULL, now() - $2::interval - interval '1 second', now() - $2::interval, 'generic')`,
+		id, age, status, code); err != nil {
+		f.t.Fatal(err)
+	}
+	return id
+}
+
+// A message's page shows its receipts and lookups, in the timeline's time
+// order among its attempts, inside [data-section=receipts]; never the
+// number or the body.
+func TestMessageTimelineShowsReceiptsAndLookups(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	id := f.settledRow("undelivered", time.Minute)
+	c, _ := f.login("victor", viewerPassword)
+	res, page := f.do(c, "GET", "/messages/"+id.String(), nil)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("message page: %s", res.Status)
+	}
+	section := regexp.MustCompile(`(?s)<section[^>]*data-section="receipts"[^>]*>(.*?)</section>`).FindStringSubmatch(page)
+	if section == nil {
+		t.Fatalf("no [data-section=receipts] on the page:\n%s", page)
+	}
+	if !strings.Contains(section[0], `data-receipts="1"`) || !strings.Contains(section[0], `data-lookups="1"`) {
+		t.Errorf("the section does not count 1 receipt and 1 lookup: %.200s", section[0])
+	}
+	var events []string
+	for _, m := range regexp.MustCompile(`<li data-event="([a-z]+)"(?: data-result="([a-z]+)")?>`).FindAllStringSubmatch(section[1], -1) {
+		events = append(events, strings.TrimSuffix(m[1]+":"+m[2], ":"))
+	}
+	want := "created attempt lookup:none attempt receipt:undelivered status"
+	if strings.Join(events, " ") != want {
+		t.Errorf("timeline %v, want %s", events, want)
+	}
+	for _, s := range []string{"provider code 30003", "msg_settled", "no message for this reference", `data-field="status">undelivered<`} {
+		if !strings.Contains(page, s) {
+			t.Errorf("the page does not show %q", s)
+		}
+	}
+	if strings.Contains(page, "7654321") || strings.Contains(page, "771234") {
+		t.Error("the message page shows the number or the body")
+	}
+	// A message nothing has reported on yet says so.
+	res, page = f.do(c, "GET", "/messages/"+f.deadRow().String(), nil)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `data-receipts="0" data-lookups="0"`) {
+		t.Errorf("a message without evidence: %s", res.Status)
+	}
+}
+
+// The overview counts delivered and undelivered rows of the last hour and
+// the last 24 hours: a row counts from the receipt that settled it.
+func TestOverviewCountsDeliveredAndUndelivered(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for _, r := range []struct {
+		status string
+		age    time.Duration
+	}{{"delivered", time.Minute}, {"delivered", 2 * time.Minute}, {"delivered", 3 * time.Hour},
+		{"undelivered", 10 * time.Minute}, {"undelivered", 5 * time.Hour}, {"undelivered", 30 * time.Hour}} {
+		f.settledRow(r.status, r.age)
+	}
+	c, _ := f.login("victor", viewerPassword)
+	_, page := f.do(c, "GET", "/", nil)
+	for hook, want := range map[string]string{
+		`data-hour="delivered"`: "2", `data-day="delivered"`: "3", `data-status="delivered"`: "3",
+		`data-hour="undelivered"`: "1", `data-day="undelivered"`: "2", `data-status="undelivered"`: "3",
+	} {
+		m := regexp.MustCompile(`<span ` + regexp.QuoteMeta(hook) + `[^>]*>([^<]*)<`).FindStringSubmatch(page)
+		if m == nil || m[1] != want {
+			t.Errorf("%s shows %v, want %s", hook, m, want)
+		}
+	}
+}

@@ -543,8 +543,24 @@ type messageView struct {
 	Letters    []deadletter.Letter
 	LettersErr string
 	Replays    []outbox.ConsoleReplay
+	Evidence   []outbox.Evidence
 	Events     []event
 }
+
+// count returns how many of v's receipts and lookups are of kind.
+func (v messageView) count(kind string) int {
+	n := 0
+	for _, e := range v.Evidence {
+		if e.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// Receipts and Lookups count the message's evidence, for the page.
+func (v messageView) Receipts() int { return v.count("receipt") }
+func (v messageView) Lookups() int  { return v.count("lookup") }
 
 func (c *Console) message(w http.ResponseWriter, r *http.Request, s *session) {
 	id, err := uuid.Parse(r.PathValue("id"))
@@ -566,6 +582,10 @@ func (c *Console) message(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	if v.Attempts, err = outbox.Attempts(ctx, c.cfg.Pool, id); err != nil {
 		c.internal(w, r, s, "read the attempts", err)
+		return
+	}
+	if v.Evidence, err = outbox.EvidenceOf(ctx, c.cfg.Pool, id); err != nil {
+		c.internal(w, r, s, "read the receipts and lookups", err)
 		return
 	}
 	if v.Replays, err = outbox.ConsoleReplays(ctx, c.cfg.Pool, id, 100); err != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sendonce/sendonce/internal/outbox"
@@ -181,5 +182,60 @@ func TestChart(t *testing.T) {
 	}
 	if len(c.Bars[1].Segs) != 0 {
 		t.Errorf("an empty minute has segments: %+v", c.Bars[1].Segs)
+	}
+}
+
+// A message's receipts and lookups join its attempts in the order sendonce
+// recorded them: the lookup after the ambiguous attempt it settles, the
+// retry after it, a late receipt (its own clock earlier) at the time it
+// came; the status now stays last.
+func TestTimelineMergesEvidenceWithAttempts(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	var v messageView
+	v.Row.ID = uuid.New()
+	v.Row.Status = outbox.StatusDelivered
+	v.Row.CreatedAt, v.Row.UpdatedAt = at(0), at(40)
+	v.Row.ToMasked = "+1*******67"
+	// Out of time order on purpose: as read, attempts come before evidence.
+	v.Attempts = []outbox.Attempt{
+		{Number: 2, StartedAt: at(20), Outcome: "sent", HTTPStatus: 201},
+		{Number: 1, StartedAt: at(1), Outcome: "lookup", Latency: 5 * time.Second},
+	}
+	v.Evidence = []outbox.Evidence{
+		{Kind: "receipt", Result: "delivered", ProviderRef: "msg_2", ReportedAt: at(25), ReceivedAt: at(30), Source: "generic"},
+		{Kind: "lookup", Result: "none", Detail: "lookup: the provider has no message for this reference", ReceivedAt: at(16), Source: "sender"},
+		{Kind: "receipt", Result: "undelivered", Code: 30003, ReceivedAt: at(20), Source: "twilio"},
+	}
+	evs := timeline(v)
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.Kind+":"+e.Title)
+	}
+	want := []string{
+		"created:created",
+		"attempt:attempt 1: lookup",
+		"lookup:lookup: none",
+		"attempt:attempt 2: sent",
+		"receipt:receipt: undelivered",
+		"receipt:receipt: delivered",
+		"status:now delivered",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("timeline:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if e := evs[5]; e.Result != "delivered" || !e.At.Equal(at(30)) ||
+		!strings.Contains(e.Detail, "provider ref msg_2") || !strings.Contains(e.Detail, "reported at 2026-05-01 12:00:25Z") {
+		t.Errorf("delivered receipt: %+v", e)
+	}
+	if e := evs[4]; !strings.Contains(e.Detail, "provider code 30003") || !strings.Contains(e.Detail, "(twilio)") {
+		t.Errorf("undelivered receipt: %+v", e)
+	}
+	if e := evs[2]; e.Result != "none" || !strings.Contains(e.Detail, "asked by a sender") || !strings.Contains(e.Detail, "no message for this reference") {
+		t.Errorf("lookup: %+v", e)
+	}
+	if v.Receipts() != 2 || v.Lookups() != 1 {
+		t.Errorf("counted %d receipts and %d lookups", v.Receipts(), v.Lookups())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sendonce/sendonce/internal/outbox"
@@ -158,16 +159,20 @@ func newChart(since time.Time, minutes []outbox.MinuteAttempts) chart {
 
 // event is one line of a message's timeline.
 type event struct {
-	At     time.Time
-	Kind   string
+	At   time.Time
+	Kind string
+	// Result is a receipt's or a lookup's result (delivered, found, ...).
+	Result string
 	Title  string
 	Detail string
 }
 
 // timeline puts what is known of a message in time order: its creation,
-// its attempts, its dead letters, the console replays of it, and its
-// status now. Delivery receipts join it here, as events of kind "receipt",
-// once the outbox stores them.
+// its attempts, the receipts and lookups recorded for it (at the time
+// sendonce recorded them: a provider's own time may be skewed or missing),
+// its dead letters, the console replays of it, and its status now. Events
+// at the same instant keep that order, so an attempt comes before the
+// lookup it led to.
 func timeline(v messageView) []event {
 	row := v.Row.Row
 	evs := []event{{At: row.CreatedAt, Kind: "created", Title: "created",
@@ -184,6 +189,9 @@ func timeline(v messageView) []event {
 			d += ": " + a.Error
 		}
 		evs = append(evs, event{At: a.StartedAt, Kind: "attempt", Title: fmt.Sprintf("attempt %d: %s", a.Number, a.Outcome), Detail: d})
+	}
+	for _, e := range v.Evidence {
+		evs = append(evs, evidenceEvent(e))
 	}
 	for _, l := range v.Letters {
 		d := fmt.Sprintf("publish generation %d, attempts %d", l.Gen, l.Attempts)
@@ -202,4 +210,36 @@ func timeline(v messageView) []event {
 	slices.SortStableFunc(evs, func(a, b event) int { return a.At.Compare(b.At) })
 	evs = append(evs, event{At: row.UpdatedAt, Kind: "status", Title: "now " + string(row.Status), Detail: "last change"})
 	return evs
+}
+
+// evidenceEvent is a receipt's or a lookup's line of the timeline.
+func evidenceEvent(e outbox.Evidence) event {
+	ev := event{At: e.ReceivedAt, Kind: e.Kind, Result: e.Result}
+	var parts []string
+	switch e.Kind {
+	case "receipt":
+		ev.Title = "receipt: " + e.Result
+		parts = append(parts, "from the provider ("+e.Source+")")
+		if !e.ReportedAt.IsZero() {
+			parts = append(parts, "reported at "+formatTime(e.ReportedAt))
+		}
+	default:
+		ev.Title = "lookup: " + e.Result
+		by := "asked by a sender"
+		if e.Source == "resolve" {
+			by = "asked by relay resolve"
+		}
+		parts = append(parts, by)
+	}
+	if e.ProviderRef != "" {
+		parts = append(parts, "provider ref "+e.ProviderRef)
+	}
+	if e.Code != 0 {
+		parts = append(parts, fmt.Sprintf("provider code %d", e.Code))
+	}
+	ev.Detail = strings.Join(parts, ", ")
+	if e.Detail != "" {
+		ev.Detail += ": " + e.Detail
+	}
+	return ev
 }

@@ -267,17 +267,18 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// pauseUntil moves the pause's end to until if that is later, and reports
-// whether it did.
+// pauseUntil moves the pause's end to until if that is later (than now
+// too: a shared pause read after it ended, as a sender starting later
+// reads it from the bucket, is no pause), and reports whether it did.
 func (l *Limiter) pauseUntil(until time.Time) bool {
 	now := time.Now()
 	until = minTime(until, now.Add(MaxPause))
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !until.After(l.pausedUntil) {
+	from := maxTime(now, l.pausedUntil)
+	if !until.After(from) {
 		return false
 	}
-	from := maxTime(now, l.pausedUntil)
 	l.metrics.pauseSeconds.Add(until.Sub(from).Seconds())
 	l.pausedUntil = until
 	return true

@@ -153,6 +153,24 @@ func TestPauseIsShared(t *testing.T) {
 	}
 }
 
+// A sender that starts after a shared pause ended reads the pause's end
+// from the bucket, in the past: it goes on at once (a stale pause once
+// made it add a negative time to its pause counter and panic, so a sender
+// restarted after any 429 died at start-up).
+func TestAStalePauseIsIgnored(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	a := limiter(t, srv, "a", 0, nil)
+	time.Sleep(300 * time.Millisecond)
+	a.Pause(context.Background(), 50*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	late := limiter(t, srv, "late", 0, nil)
+	time.Sleep(500 * time.Millisecond)
+	if !late.TryTake() {
+		t.Fatal("a sender started after the pause ended is paused")
+	}
+}
+
 // A sender that loses the shared state keeps to the limit divided by the
 // senders it last saw: slower, never unlimited.
 func TestFallbackShareWhenTheBucketIsGone(t *testing.T) {

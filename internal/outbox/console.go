@@ -137,34 +137,41 @@ type WindowCount struct {
 
 // CountChanged returns, for each of ConsoleStatuses, the rows now in it
 // whose last change came at or after since. Each count reads a range of a
-// partial index (index-only where it can) and stops at limit rows.
+// partial index (index-only where it can: the final rows' index and the
+// dead rows' carry the status) and stops at limit rows.
 func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([]WindowCount, error) {
-	// The finished index holds no status: sent is the finished rows less
-	// the dead and unknown ones, which their own index counts.
-	var pending, queued, sending, finished, dead, unknown int64
+	var pending, queued, sending, sent, delivered, undelivered, final, dead, unknown int64
 	err := q.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' AND created_at >= $1 LIMIT $2) g),
 		(SELECT count(*) FILTER (WHERE status = 'queued') FROM
 			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
 		(SELECT count(*) FILTER (WHERE status = 'sending') FROM
 			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
-		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('sent', 'dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
+		f.sent, f.delivered, f.undelivered, f.final,
 		(SELECT count(*) FILTER (WHERE status = 'dead') FROM
 			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
 		(SELECT count(*) FILTER (WHERE status = 'unknown') FROM
-			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g)`,
-		since, limit).Scan(&pending, &queued, &sending, &finished, &dead, &unknown)
+			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g)
+		FROM (SELECT count(*) FILTER (WHERE status = 'sent') AS sent,
+				count(*) FILTER (WHERE status = 'delivered') AS delivered,
+				count(*) FILTER (WHERE status = 'undelivered') AS undelivered,
+				count(*) AS final
+			FROM (SELECT status FROM sms_outbox
+				WHERE status IN ('sent', 'delivered', 'undelivered', 'dead') AND updated_at >= $1 LIMIT $2) g) f`,
+		since, limit).Scan(&pending, &queued, &sending, &sent, &delivered, &undelivered, &final, &dead, &unknown)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: count recent rows: %w", err)
 	}
 	lim := int64(limit)
 	got := map[State]WindowCount{
-		StatusPending: {Rows: pending, Capped: pending >= lim},
-		StatusQueued:  {Rows: queued, Capped: queued+sending >= lim},
-		StatusSending: {Rows: sending, Capped: queued+sending >= lim},
-		StatusSent:    {Rows: max(0, finished-dead-unknown), Capped: finished >= lim},
-		StatusDead:    {Rows: dead, Capped: dead+unknown >= lim},
-		StatusUnknown: {Rows: unknown, Capped: dead+unknown >= lim},
+		StatusPending:     {Rows: pending, Capped: pending >= lim},
+		StatusQueued:      {Rows: queued, Capped: queued+sending >= lim},
+		StatusSending:     {Rows: sending, Capped: queued+sending >= lim},
+		StatusSent:        {Rows: sent, Capped: final >= lim},
+		StatusDelivered:   {Rows: delivered, Capped: final >= lim},
+		StatusUndelivered: {Rows: undelivered, Capped: final >= lim},
+		StatusDead:        {Rows: dead, Capped: dead+unknown >= lim},
+		StatusUnknown:     {Rows: unknown, Capped: dead+unknown >= lim},
 	}
 	out := make([]WindowCount, 0, len(ConsoleStatuses))
 	for _, s := range ConsoleStatuses {
@@ -365,11 +372,11 @@ func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (MaskedMessage, err
 	var leaseUntil *time.Time
 	err := q.QueryRow(ctx, `SELECT o.id, o.status, m.to_masked, m.body_chars, o.attempt_count, o.max_attempts, o.publish_gen,
 			o.stream_seq, o.provider_ref, o.last_error, o.created_at, o.updated_at, o.next_attempt_at, o.maybe_accepted,
-			o.lease_until, o.end_reason, o.letter_seq, o.priority
+			o.lease_until, o.end_reason, o.letter_seq, o.priority, o.lookup_pending, o.lookups
 		FROM sms_outbox o JOIN sms_outbox_masked m ON m.id = o.id WHERE o.id = $1`, id).
 		Scan(&r.ID, &r.Status, &r.ToMasked, &r.BodyChars, &r.Attempts, &r.MaxAttempts, &r.Gen,
 			&r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted,
-			&leaseUntil, &reason, &r.LetterSeq, &m.Priority)
+			&leaseUntil, &reason, &r.LetterSeq, &m.Priority, &r.LookupPending, &r.Lookups)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return MaskedMessage{}, ErrNotFound
 	}

@@ -69,6 +69,9 @@ type message struct {
 	// fate is delivered or undelivered, known from fateAt.
 	fate   string
 	fateAt time.Time
+	// rec is the key's record while m is its last delivery, for the
+	// receipts to mark acknowledged; nil when no receipts go out.
+	rec *Delivery
 }
 
 // statusAt is the message's status as the provider reports it at now.
@@ -108,16 +111,26 @@ func (s *Server) sendReceipts(m *message, callback string, duplicate, reorder bo
 	if !sleepOr(time.Until(m.fateAt), s.done) {
 		return
 	}
-	s.postReceipt(m, callback, m.fate)
+	acked := s.postReceipt(m, callback, m.fate)
 	if duplicate {
-		s.postReceipt(m, callback, m.fate)
+		acked = s.postReceipt(m, callback, m.fate) || acked
 	}
 	if reorder {
 		s.postReceipt(m, callback, "accepted")
 	}
+	s.mu.Lock()
+	switch {
+	case acked && m.rec != nil && m.rec.ProviderID == m.id:
+		m.rec.ReceiptAcked = true
+	case !acked && !s.closed:
+		s.stats.ReceiptsGivenUp++
+	}
+	s.mu.Unlock()
 }
 
-func (s *Server) postReceipt(m *message, callback, status string) {
+// postReceipt sends one receipt of m, with status, until it is answered 2xx
+// (true) or its tries run out or the stub closes (false).
+func (s *Server) postReceipt(m *message, callback, status string) bool {
 	body := map[string]any{"id": m.id, "reference": m.reference, "status": status, "at": m.fateAt.UTC().Format(time.RFC3339Nano)}
 	if status == "undelivered" {
 		body["code"] = CodeUndelivered
@@ -135,7 +148,7 @@ func (s *Server) postReceipt(m *message, callback, status string) {
 	for try := range receiptTries {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, callback, bytes.NewReader(raw))
 		if err != nil {
-			return
+			return false
 		}
 		req.Header.Set("Content-Type", "application/json")
 		// Signed at each try: a receipt retried later is not stale.
@@ -145,15 +158,16 @@ func (s *Server) postReceipt(m *message, callback, status string) {
 			resp.Body.Close()
 			if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 				s.count(func(st *Stats) { st.ReceiptsSent++ })
-				return
+				return true
 			}
 		}
 		s.count(func(st *Stats) { st.ReceiptFailures++ })
-		if !sleepOr(min(5*time.Second, 100*time.Millisecond<<try), s.done) {
-			return
+		if !sleepOr(min(5*time.Second, s.receiptBackoff<<try), s.done) {
+			return false
 		}
 	}
 	s.log.Warn("receipt given up after its tries", "provider_id", m.id)
+	return false
 }
 
 func (s *Server) count(fn func(*Stats)) {

@@ -101,8 +101,51 @@ func TestReceiptsAndLookup(t *testing.T) {
 	if b := byRef["ref-b"]; len(b) != 6 || b[0] != "undelivered" {
 		t.Errorf("receipts of ref-b: %v", b)
 	}
-	if st := s.Stats(); st.ReceiptsSent != 9 || st.Lookups != 3 || k.forged != 0 {
+	if st := s.Stats(); st.ReceiptsSent != 9 || st.Lookups != 3 || k.forged != 0 || st.ReceiptsGivenUp != 0 {
 		t.Errorf("stats %+v, forged %d", st, k.forged)
+	}
+	// Per key: the last delivery's fate, its receipt acknowledged.
+	d := s.Deliveries()
+	if a := d["ref-a"]; a.Fate != "delivered" || !a.ReceiptAcked || a.Deliveries != 1 {
+		t.Errorf("ref-a: %+v", a)
+	}
+	if b := d["ref-b"]; b.Fate != "undelivered" || !b.ReceiptAcked || b.Deliveries != 2 {
+		t.Errorf("ref-b: %+v", b)
+	}
+}
+
+// A receipt no try gets a 2xx for is given up and counted; its key's
+// delivery stays unacknowledged. A message sent without a callback_url has
+// no fate recorded.
+func TestReceiptGivenUp(t *testing.T) {
+	t.Parallel()
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(refusing.Close)
+	s := newStub(t, Config{IgnoreKeys: true, Receipts: Receipts{Secret: testSecret, Delay: time.Millisecond}})
+	s.receiptBackoff = time.Millisecond
+	ctx := context.Background()
+	for _, b := range []string{
+		`{"to":"+15550000001","body":"hi","reference":"ref-x","callback_url":"` + refusing.URL + `/v1/receipts/generic"}`,
+		`{"to":"+15550000002","body":"hi","reference":"ref-y"}`,
+	} {
+		var m map[string]string
+		_ = json.Unmarshal([]byte(b), &m)
+		if r, err := post(ctx, s.client, s.url, m["reference"], b); err != nil || r.status != 201 {
+			t.Fatalf("post: %v %v", r.status, err)
+		}
+	}
+	testkit.WaitFor(t, 30*time.Second, "the receipt given up", func() bool { return s.Stats().ReceiptsGivenUp == 1 })
+	d := s.Deliveries()
+	if x := d["ref-x"]; x.Fate != "delivered" || x.ReceiptAcked {
+		t.Errorf("ref-x: %+v", x)
+	}
+	if y := d["ref-y"]; y.Fate != "" || y.ReceiptAcked || y.Deliveries != 1 {
+		t.Errorf("ref-y: %+v", y)
+	}
+	if st := s.Stats(); st.ReceiptFailures != receiptTries || st.ReceiptsSent != 0 {
+		t.Errorf("stats %+v", st)
 	}
 }
 

@@ -67,6 +67,13 @@ type Delivery struct {
 	Requests int `json:"requests"`
 	// ProviderID is the id minted for the last delivery, empty if none.
 	ProviderID string `json:"provider_id"`
+	// Fate is the last delivery's fate, delivered or undelivered, when the
+	// stub sends receipts for it (Receipts.Secret and a callback_url);
+	// empty otherwise.
+	Fate string `json:"fate,omitempty"`
+	// ReceiptAcked is set once a receipt of the last delivery's fate was
+	// answered 2xx: the receiver has made it durable.
+	ReceiptAcked bool `json:"receipt_acked,omitempty"`
 }
 
 // Stats are the stub's counters since it started or was last reset.
@@ -101,6 +108,9 @@ type Stats struct {
 	// that were not.
 	ReceiptsSent    int64 `json:"receipts_sent"`
 	ReceiptFailures int64 `json:"receipt_failures"`
+	// ReceiptsGivenUp counts messages whose fate no receipt got answered
+	// 2xx for, after every try.
+	ReceiptsGivenUp int64 `json:"receipts_given_up"`
 }
 
 // Server is the stub. Its methods are safe for concurrent use.
@@ -138,6 +148,9 @@ type Server struct {
 	receiptsWG    sync.WaitGroup
 	closed        bool
 	receiptClient *http.Client
+	// receiptBackoff is the pause after a receipt's first failed try,
+	// doubled after each further one (up to 5 s).
+	receiptBackoff time.Duration
 	// tokens and tokensAt are the RateLimit token bucket (wall clock, not
 	// the retention clock: rates are real time).
 	tokens   float64
@@ -208,17 +221,18 @@ func New(cfg Config) (*Server, error) {
 		now = time.Now
 	}
 	s := &Server{
-		retention:  cfg.Retention,
-		ignoreKeys: cfg.IgnoreKeys,
-		log:        logger,
-		now:        now,
-		done:       make(chan struct{}),
-		faults:     faults,
-		rng:        mrand.New(src),
-		entries:    make(map[string]*entry),
-		records:    make(map[string]*Delivery),
-		receipts:   receipts,
-		byRef:      make(map[string][]*message),
+		retention:      cfg.Retention,
+		ignoreKeys:     cfg.IgnoreKeys,
+		log:            logger,
+		now:            now,
+		done:           make(chan struct{}),
+		faults:         faults,
+		rng:            mrand.New(src),
+		entries:        make(map[string]*entry),
+		records:        make(map[string]*Delivery),
+		receipts:       receipts,
+		byRef:          make(map[string][]*message),
+		receiptBackoff: 100 * time.Millisecond,
 		receiptClient: &http.Client{Timeout: 5 * time.Second,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 	}
@@ -566,7 +580,9 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 			s.stats.Withheld++
 		}
 		m := s.acceptLocked(id, msg)
+		rec.Fate, rec.ReceiptAcked = "", false
 		if len(s.receipts.Secret) > 0 && validCallback(msg.CallbackURL) && !s.closed {
+			m.rec, rec.Fate = rec, m.fate
 			s.receiptsWG.Add(1)
 			go s.sendReceipts(m, msg.CallbackURL, duplicate, reorder)
 		}
