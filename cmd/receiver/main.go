@@ -54,7 +54,7 @@ func bind(s *envflag.Set, c *config) {
 	s.String(&c.tlsCert, "receipts-tls-cert", "RECEIPTS_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with RECEIPTS_TLS_KEY (else terminate TLS in front)")
 	s.String(&c.tlsKey, "receipts-tls-key", "RECEIPTS_TLS_KEY", "", "private key file (PEM) of RECEIPTS_TLS_CERT")
 	s.Duration(&c.window, "receipts-batch-window", "RECEIPTS_BATCH_WINDOW", receiver.DefaultWindow, 0, time.Second, "how long a write waits for more receipts to share its transaction")
-	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", "127.0.0.1:9103", "address for /metrics, /healthz and /readyz (this host only by default; \":PORT\" serves every interface, for a scraper or probe on another host); empty disables")
+	service.BindHTTPAddr(s, &c.HTTPAddr, "127.0.0.1:9103")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")

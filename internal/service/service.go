@@ -58,13 +58,19 @@ func BindConnections(s *envflag.Set, c *Settings) {
 	natsconn.Bind(s, &c.NATS)
 }
 
+// BindHTTPAddr binds HTTP_ADDR, the address of /metrics, /healthz and
+// /readyz, with def (a loopback address) as its default.
+func BindHTTPAddr(s *envflag.Set, addr *string, def string) {
+	s.String(addr, "http-addr", "HTTP_ADDR", def, "address for /metrics, /healthz and /readyz (this host only by default; \":PORT\" serves every interface, for a scraper or probe on another host); empty disables")
+}
+
 // Bind binds every shared setting; httpAddr is the default of HTTP_ADDR, a
 // loopback address whose port differs between the binaries so they can
 // share a host.
 func Bind(s *envflag.Set, c *Settings, httpAddr string) {
 	BindConnections(s, c)
 	streams.Bind(s, &c.Topology)
-	s.String(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "address for /metrics, /healthz and /readyz (this host only by default; \":PORT\" serves every interface, for a scraper or probe on another host); empty disables")
+	BindHTTPAddr(s, &c.HTTPAddr, httpAddr)
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on each database round trip")
