@@ -462,6 +462,12 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  #\tSTARTED\tOUTCOME\tHTTP\tCODE\tLATENCY\tSENDER\tERROR")
 	for _, a := range attempts {
+		if a.FromRow {
+			// The row's own record of a first attempt that was sent: the
+			// time its acceptance was written, no call details.
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t-\t-\t-\t-\t(from the row: sent_at)\n", a.Number, ts(a.StartedAt), a.Outcome)
+			continue
+		}
 		fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", a.Number, ts(a.StartedAt), a.Outcome, a.HTTPStatus, a.ProviderCode,
 			a.Latency.Round(time.Microsecond), dash(a.Sender), dash(a.Error))
 	}

@@ -179,7 +179,10 @@ func timeline(v messageView) []event {
 		Detail: fmt.Sprintf("to %s, body of %d characters, at most %d attempts", row.ToMasked, row.BodyChars, row.MaxAttempts)}}
 	for _, a := range v.Attempts {
 		d := fmt.Sprintf("HTTP %d, provider code %d, %s", a.HTTPStatus, a.ProviderCode, formatMs(a.Latency))
-		if a.HTTPStatus == 0 {
+		switch {
+		case a.FromRow:
+			d = "the provider took it at once; written at this time (the row records a first attempt that was sent, not its call)"
+		case a.HTTPStatus == 0:
 			d = "no answer from the provider, " + formatMs(a.Latency)
 		}
 		if a.Sender != "" {

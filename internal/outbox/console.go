@@ -187,22 +187,31 @@ func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([
 type MinuteAttempts struct {
 	// Minute is the start of the minute.
 	Minute time.Time
-	// Sent, Retry and Failed count attempts whose outcome was sent, retry
-	// or rate_limited (the row is tried again), or one that ended the row
-	// (permanent, ambiguous, max_attempts).
+	// Sent counts the messages whose acceptance was written in the minute
+	// (sent_at: a first attempt that was sent has no record in the log);
+	// Retry and Failed the attempts of the log whose outcome was retry or
+	// rate_limited (the row is tried again), or one that ended the row
+	// (permanent, ambiguous, max_attempts) or looked it up.
 	Sent, Retry, Failed int64
 }
 
-// AttemptsPerMinute returns the attempts started from since on, per minute
-// (minutes without attempts left out), from the index on started_at. Each
-// minute starts at since plus whole minutes; Postgres keeps microseconds,
-// so give a since without a finer part.
+// AttemptsPerMinute returns the attempts from since on, per minute (minutes
+// without attempts left out): the log's from its index on started_at, the
+// accepted messages from the final rows' index on updated_at (a row's
+// sent_at is never later than its updated_at). Each minute starts at since
+// plus whole minutes; Postgres keeps microseconds, so give a since without
+// a finer part.
 func AttemptsPerMinute(ctx context.Context, q Querier, since time.Time) ([]MinuteAttempts, error) {
-	rows, _ := q.Query(ctx, `SELECT date_bin('1 minute', started_at, $1) AS m,
-			count(*) FILTER (WHERE outcome = 'sent'),
-			count(*) FILTER (WHERE outcome IN ('retry', 'rate_limited')),
-			count(*) FILTER (WHERE outcome NOT IN ('sent', 'retry', 'rate_limited'))
-		FROM sms_attempts WHERE started_at >= $1 GROUP BY m ORDER BY m`, since)
+	rows, _ := q.Query(ctx, `SELECT m, sum(sent)::bigint, sum(retry)::bigint, sum(failed)::bigint FROM (
+			SELECT date_bin('1 minute', started_at, $1) AS m, 0 AS sent,
+				count(*) FILTER (WHERE outcome IN ('retry', 'rate_limited')) AS retry,
+				count(*) FILTER (WHERE outcome NOT IN ('sent', 'retry', 'rate_limited')) AS failed
+			FROM sms_attempts WHERE started_at >= $1 GROUP BY 1
+			UNION ALL
+			SELECT date_bin('1 minute', sent_at, $1), count(*), 0, 0
+			FROM sms_outbox
+			WHERE status IN ('sent', 'delivered', 'undelivered') AND updated_at >= $1 AND sent_at >= $1 GROUP BY 1
+		) per GROUP BY m ORDER BY m`, since)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MinuteAttempts, error) {
 		var m MinuteAttempts
 		err := r.Scan(&m.Minute, &m.Sent, &m.Retry, &m.Failed)

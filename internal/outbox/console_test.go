@@ -303,10 +303,23 @@ func TestOldestRowsAndAttemptsPerMinute(t *testing.T) {
 		t.Fatalf("oldest: %+v %+v %v", p, f, err)
 	}
 	since := time.Now().Add(-time.Hour).Truncate(time.Second)
+	// Sends are counted from the rows (sent_at), not from the log: a first
+	// attempt that was sent has no record there.
 	attempt(t, pool, stuck, "sent", 0, 30*time.Second)
 	attempt(t, pool, stuck, "retry", 0, 40*time.Second)
 	attempt(t, pool, stuck, "permanent", 1, 30*time.Minute)
 	attempt(t, pool, stuck, "sent", 0, 2*time.Hour)
+	sentAt := func(status outbox.State, sent, changed time.Duration) {
+		t.Helper()
+		id := consoleRow(t, pool, status, changed)
+		if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET sent_at = now() - $2::interval WHERE id = $1`, id, sent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sentAt(outbox.StatusSent, 20*time.Second, 20*time.Second)
+	sentAt(outbox.StatusDelivered, 50*time.Minute, 10*time.Second) // its receipt came later
+	sentAt(outbox.StatusDelivered, 2*time.Hour, time.Minute)       // sent before since
+	sentAt(outbox.StatusSent, 3*time.Hour, 3*time.Hour)
 	ms, err := outbox.AttemptsPerMinute(ctx, pool, since)
 	if err != nil {
 		t.Fatal(err)
@@ -318,7 +331,7 @@ func TestOldestRowsAndAttemptsPerMinute(t *testing.T) {
 		}
 		sent, retry, failed = sent+m.Sent, retry+m.Retry, failed+m.Failed
 	}
-	if sent != 1 || retry != 1 || failed != 1 || len(ms) != 2 {
+	if sent != 2 || retry != 1 || failed != 1 || len(ms) != 3 {
 		t.Errorf("%d buckets: sent %d retry %d failed %d", len(ms), sent, retry, failed)
 	}
 }

@@ -136,7 +136,7 @@ WITH v AS (
 ), upd AS (
 	UPDATE sms_outbox o
 	SET status = v.status, provider_ref = coalesce(o.provider_ref, v.ref), lookup_pending = false,
-	    updated_at = clock_timestamp()
+	    sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
 	FROM v JOIN locked USING (id)
 	WHERE o.id = v.id
 	  AND CASE WHEN v.status = 'sent' THEN locked.status IN ('pending', 'queued', 'sending', 'unknown')

@@ -238,16 +238,27 @@ func (r *Row) setText(ref, lastErr, reason *string) {
 	}
 }
 
-// Attempts returns the attempts log of one row, oldest first, its text made
-// fit for an operator's screen (safetext).
+// Attempts returns the attempts of one row, oldest first, its text made fit
+// for an operator's screen (safetext): the attempts log, and the first
+// attempt when it was sent, which only the row describes (FromRow).
 func Attempts(ctx context.Context, q Querier, id uuid.UUID) ([]Attempt, error) {
 	rows, _ := q.Query(ctx, `SELECT outbox_id, attempt, started_at, coalesce(latency_ms, 0), outcome,
-			coalesce(http_status, 0), coalesce(provider_code, 0), coalesce(error, ''), coalesce(sender, '')
-		FROM sms_attempts WHERE outbox_id = $1 ORDER BY id`, id)
+			coalesce(http_status, 0), coalesce(provider_code, 0), coalesce(error, ''), coalesce(sender, ''), false, id
+		FROM sms_attempts WHERE outbox_id = $1
+		UNION ALL
+		-- A row accepted on its first attempt with no record of that attempt
+		-- (a 429 before it spent no attempt, and is logged): its last event.
+		SELECT o.id, 1, o.sent_at, 0, 'sent', 0, 0, '', '', true, 9223372036854775807
+		FROM sms_outbox o
+		WHERE o.id = $1 AND o.sent_at IS NOT NULL AND o.attempt_count = 1
+		  AND NOT EXISTS (SELECT 1 FROM sms_attempts a
+			WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
+		ORDER BY 11`, id)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
 		var ms float64
-		err := r.Scan(&a.OutboxID, &a.Number, &a.StartedAt, &ms, &a.Outcome, &a.HTTPStatus, &a.ProviderCode, &a.Error, &a.Sender)
+		var ord int64
+		err := r.Scan(&a.OutboxID, &a.Number, &a.StartedAt, &ms, &a.Outcome, &a.HTTPStatus, &a.ProviderCode, &a.Error, &a.Sender, &a.FromRow, &ord)
 		a.Latency = time.Duration(ms * float64(time.Millisecond))
 		a.Error, a.Sender = safetext.Field(a.Error), safetext.Clean(a.Sender)
 		return a, err

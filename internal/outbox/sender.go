@@ -253,6 +253,11 @@ type Attempt struct {
 	Error string
 	// Sender names the process that made the attempt.
 	Sender string
+	// FromRow marks a first attempt that was sent, which the senders do
+	// not log: Attempts describes it from its row, with StartedAt the time
+	// its acceptance was written (sent_at), and no latency, HTTP status or
+	// sender.
+	FromRow bool
 }
 
 // ApplyResults writes a batch of attempt outcomes and returns the rows whose
@@ -366,6 +371,8 @@ SET -- dead is a promise that nothing reached the provider: a row an attempt
                          THEN greatest(o.attempt_count - 1, 0) ELSE o.attempt_count END,
     lookup_pending = v.status = 'queued' AND v.lookup,
     lookups = CASE WHEN o.status = 'sending' THEN o.lookups + v.failed ELSE o.lookups END,
+    sent_at = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(o.sent_at, clock_timestamp())
+                   ELSE o.sent_at END,
     updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[],
             $10::bool[], $11::bool[], $12::int[], $13::bool[])

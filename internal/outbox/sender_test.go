@@ -474,3 +474,121 @@ func TestLettersRecordedInTheRow(t *testing.T) {
 		t.Fatalf("lettered row still offered: %+v", got)
 	}
 }
+
+// A first attempt that was sent is not logged by the senders: Attempts
+// describes it from the row (sent_at), after whatever the log holds (a 429
+// before it), and never beside a logged record of that attempt.
+func TestFirstSentAttemptComesFromTheRow(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	receipt := func(id uuid.UUID) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.ApplyReceipts(ctx, tx, []outbox.Receipt{{ID: id, Status: outbox.StatusDelivered, Source: "t"}})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(rs []outbox.Result, as []outbox.Attempt) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.ApplyResults(ctx, tx, rs, as, false)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sentAt := func(id uuid.UUID) *time.Time {
+		t.Helper()
+		var at *time.Time
+		if err := pool.QueryRow(ctx, `SELECT sent_at FROM sms_outbox WHERE id = $1`, id).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	outcomes := func(id uuid.UUID) string {
+		t.Helper()
+		atts, err := outbox.Attempts(ctx, pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s []string
+		for _, a := range atts {
+			s = append(s, fmt.Sprintf("%d:%s:%v", a.Number, a.Outcome, a.FromRow))
+			if a.FromRow && !a.StartedAt.Equal(*sentAt(id)) {
+				t.Errorf("%s: the row's attempt at %s, sent_at %s", id, a.StartedAt, *sentAt(id))
+			}
+		}
+		return strings.Join(s, " ")
+	}
+
+	// Sent at once: no record, the row tells.
+	once := enqueue(t, pool, "+15551234567", "a")
+	c := claimOne(t, pool, once, uuid.New())
+	if sentAt(once) != nil {
+		t.Fatal("sent_at set before the provider took the message")
+	}
+	write([]outbox.Result{{ID: once, Status: outbox.StatusSent, ProviderRef: "m1", Token: c.Token}}, nil)
+	first := sentAt(once)
+	if first == nil {
+		t.Fatal("sent_at not set by the sent write")
+	}
+	if got := outcomes(once); got != "1:sent:true" {
+		t.Errorf("sent at once: %s", got)
+	}
+	// A receipt later keeps the first time.
+	receipt(once)
+	if at := sentAt(once); at == nil || !at.Equal(*first) {
+		t.Errorf("sent_at after the receipt: %v, want %s", at, *first)
+	}
+
+	// A 429 first (refunded, logged), then sent on attempt 1.
+	limited := enqueue(t, pool, "+15551234568", "b")
+	c = claimOne(t, pool, limited, uuid.New())
+	write([]outbox.Result{{ID: limited, Status: outbox.StatusQueued, Error: "429", Token: c.Token, Refund: true}},
+		[]outbox.Attempt{{OutboxID: limited, Number: c.Attempt, StartedAt: time.Now(), Outcome: "rate_limited", HTTPStatus: 429}})
+	exec(t, pool, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, limited)
+	c = claimOne(t, pool, limited, uuid.New())
+	if c.Attempt != 1 {
+		t.Fatalf("attempt after a 429: %d, want 1", c.Attempt)
+	}
+	write([]outbox.Result{{ID: limited, Status: outbox.StatusSent, ProviderRef: "m2", Token: c.Token}}, nil)
+	if got := outcomes(limited); got != "1:rate_limited:false 1:sent:true" {
+		t.Errorf("429 then sent: %s", got)
+	}
+
+	// A retry, then sent on attempt 2: both logged, nothing from the row.
+	retried := enqueue(t, pool, "+15551234569", "c")
+	c = claimOne(t, pool, retried, uuid.New())
+	write([]outbox.Result{{ID: retried, Status: outbox.StatusQueued, Error: "503", Token: c.Token}},
+		[]outbox.Attempt{{OutboxID: retried, Number: 1, StartedAt: time.Now(), Outcome: "retry", HTTPStatus: 503}})
+	exec(t, pool, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, retried)
+	c = claimOne(t, pool, retried, uuid.New())
+	write([]outbox.Result{{ID: retried, Status: outbox.StatusSent, ProviderRef: "m3", Token: c.Token}},
+		[]outbox.Attempt{{OutboxID: retried, Number: 2, StartedAt: time.Now(), Outcome: "sent", HTTPStatus: 201}})
+	if got := outcomes(retried); got != "1:retry:false 2:sent:false" {
+		t.Errorf("retry then sent: %s", got)
+	}
+
+	// An ambiguous first attempt settled by a receipt: its record stays
+	// the only one of attempt 1.
+	unanswered := enqueue(t, pool, "+15551234570", "d")
+	c = claimOne(t, pool, unanswered, uuid.New())
+	write([]outbox.Result{{ID: unanswered, Status: outbox.StatusQueued, Error: "timeout", Token: c.Token, MaybeAccepted: true}},
+		[]outbox.Attempt{{OutboxID: unanswered, Number: 1, StartedAt: time.Now(), Outcome: "retry"}})
+	receipt(unanswered)
+	if sentAt(unanswered) == nil {
+		t.Error("sent_at not set by a receipt that came first")
+	}
+	if got := outcomes(unanswered); got != "1:retry:false" {
+		t.Errorf("settled by a receipt: %s", got)
+	}
+
+	// Not sent: nothing.
+	pending := enqueue(t, pool, "+15551234571", "e")
+	if got := outcomes(pending); got != "" {
+		t.Errorf("pending: %s", got)
+	}
+}
