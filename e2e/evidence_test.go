@@ -16,6 +16,7 @@ import (
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
 )
@@ -119,11 +120,15 @@ func TestReceiptBeforeTheSentWrite(t *testing.T) {
 	ids := e.insert(3)
 	rows := e.waitSettled(ids, time.Minute)
 	// The sender's answer arrives 1.5 s after the receipt: wait for its
-	// write, then check it moved nothing.
-	testkit.WaitFor(t, 30*time.Second, "the sender's attempts logged", func() bool {
-		var n int
-		_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_attempts WHERE outcome = 'sent'`).Scan(&n)
-		return n == len(ids)
+	// write (a sender acks a message only once its write committed), then
+	// check it moved nothing.
+	testkit.WaitFor(t, 30*time.Second, "the sender's writes (its acks)", func() bool {
+		c, err := e.js.Consumer(context.Background(), streams.Stream, streams.Consumer)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.AckFloor.Stream >= uint64(len(ids))
 	})
 	after := e.rows()
 	for _, id := range ids {

@@ -466,10 +466,14 @@ func (b *bench) scaleLeg(ctx context.Context, rep *report, senders int) (float64
 	if _, err := pgx.ForEachRow(rows, []any{&at}, func() error { sent = append(sent, at); return nil }); err != nil {
 		return 0, fmt.Errorf("read sent times: %w", err)
 	}
-	var firstAttempt time.Time
-	if err := b.pool.QueryRow(ctx, `SELECT min(started_at) FROM sms_attempts`).Scan(&firstAttempt); err != nil {
-		return 0, fmt.Errorf("read first attempt: %w", err)
+	// The first call started about one stub latency before the first
+	// acceptance was written (the attempts log keeps no first attempt that
+	// was sent).
+	var firstSent time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT min(sent_at) FROM sms_outbox`).Scan(&firstSent); err != nil {
+		return 0, fmt.Errorf("read first acceptance: %w", err)
 	}
+	firstAttempt := firstSent.Add(-b.cfg.scaleLatency)
 	rate, method := steadyRate(sent, lastStarted.Add(200*time.Millisecond), firstAttempt)
 	ideal := float64(senders*b.cfg.concurrency) / b.cfg.scaleLatency.Seconds()
 	b.logf("%s %.0f msg/s (%s); the stub latency allows %.0f", tag, rate, method, ideal)

@@ -329,13 +329,13 @@ func statusCounts(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (map
 func (d *demo) summary(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, counts map[string]int, stubURL string, wall time.Duration) error {
 	var p50, p99 float64
 	var attempts int
-	// Commit to the provider's acceptance: the first attempt logged sent,
-	// or the lookup that found the message.
+	// Commit to the provider's acceptance, as written: the sender's sent
+	// write, the lookup that found the message, or a receipt that came
+	// first (sent_at).
 	err := pool.QueryRow(ctx, `WITH taken AS (
-			SELECT o.id, min(a.started_at + coalesce(a.latency_ms, 0) * interval '1 millisecond') - o.created_at AS took
-			FROM sms_outbox o JOIN sms_attempts a ON a.outbox_id = o.id
-			WHERE o.id = ANY($1) AND (a.outcome = 'sent' OR (a.outcome = 'lookup' AND a.error LIKE '%has the message%'))
-			GROUP BY o.id, o.created_at)
+			SELECT o.id, o.sent_at - o.created_at AS took
+			FROM sms_outbox o
+			WHERE o.id = ANY($1) AND o.sent_at IS NOT NULL)
 		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM took)), 0),
 		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM took)), 0),
 		       (SELECT coalesce(sum(attempt_count), 0) FROM sms_outbox WHERE id = ANY($1))
