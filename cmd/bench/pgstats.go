@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -12,7 +14,13 @@ type pgSample struct {
 	at                                     time.Time
 	commits, rollbacks, inserted, updated  int64
 	walRecords, walFPI, walBytes, walSyncs int64
-	ok                                     bool
+	// otherCommits is the commits of every other database on the server:
+	// work that is not the bench's yet shares its WAL and CPU.
+	otherCommits int64
+	// lsn is the WAL flushed so far, dbOID the bench database's oid.
+	lsn   string
+	dbOID uint32
+	ok    bool
 }
 
 // samplePG reads the counters. Backends publish theirs at most once a
@@ -24,9 +32,12 @@ func (b *bench) samplePG(ctx context.Context) pgSample {
 		return s
 	}
 	err := b.pool.QueryRow(ctx, `SELECT d.xact_commit, d.xact_rollback, d.tup_inserted, d.tup_updated,
-			w.wal_records, w.wal_fpi, w.wal_bytes::bigint, w.wal_sync
+			w.wal_records, w.wal_fpi, w.wal_bytes::bigint, w.wal_sync,
+			(SELECT coalesce(sum(o.xact_commit), 0)::bigint FROM pg_stat_database o WHERE o.datname IS DISTINCT FROM current_database()),
+			pg_current_wal_flush_lsn()::text, d.datid
 		FROM pg_stat_database d, pg_stat_wal w WHERE d.datname = current_database()`).
-		Scan(&s.commits, &s.rollbacks, &s.inserted, &s.updated, &s.walRecords, &s.walFPI, &s.walBytes, &s.walSyncs)
+		Scan(&s.commits, &s.rollbacks, &s.inserted, &s.updated, &s.walRecords, &s.walFPI, &s.walBytes, &s.walSyncs, &s.otherCommits,
+			&s.lsn, &s.dbOID)
 	s.ok = err == nil
 	return s
 }
@@ -40,13 +51,28 @@ type pgActivity struct {
 	// RowsUpdated and RowsInserted count row writes (outbox and attempts).
 	RowsUpdated  int64 `json:"rows_updated"`
 	RowsInserted int64 `json:"rows_inserted"`
-	// WALBytesPerMsg and WALRecordsPerMsg are the WAL written per message.
+	// WALBytesPerMsg and WALRecordsPerMsg are the WAL written per message
+	// for the bench database (WALSource says how they were told apart from
+	// the other databases' WAL).
 	WALBytesPerMsg   float64 `json:"wal_bytes_per_msg"`
 	WALRecordsPerMsg float64 `json:"wal_records_per_msg"`
+	WALSource        string  `json:"wal_source"`
+	// ServerWALBytesPerMsg and ServerWALRecordsPerMsg are the whole
+	// server's WAL per message (pg_stat_wal), other databases included.
+	ServerWALBytesPerMsg   float64 `json:"server_wal_bytes_per_msg"`
+	ServerWALRecordsPerMsg float64 `json:"server_wal_records_per_msg"`
 	// WALSyncs counts WAL flushes to disk (one per commit not grouped with
 	// another), WALFullPages the full-page images written.
 	WALSyncs     int64 `json:"wal_syncs"`
 	WALFullPages int64 `json:"wal_full_page_images"`
+	// CPUMicrosPerMsg is the CPU time of the Postgres server (its shared
+	// processes and the backends of the bench database) per message, in
+	// microseconds, over the scenario's CPU window.
+	CPUMicrosPerMsg float64 `json:"cpu_us_per_msg"`
+	// OtherDBCommits counts the commits of other databases on the server
+	// meanwhile; when it is large, the WAL and CPU figures include their
+	// work.
+	OtherDBCommits int64 `json:"other_db_commits"`
 	// Note says where the counters come from.
 	Note string `json:"note"`
 }
@@ -60,8 +86,11 @@ func (s pgSample) since(start pgSample, msgs int) *pgActivity {
 		Commits: s.commits - start.commits, CommitsPerMsg: float64(s.commits-start.commits) / n,
 		RowsUpdated: s.updated - start.updated, RowsInserted: s.inserted - start.inserted,
 		WALBytesPerMsg: float64(s.walBytes-start.walBytes) / n, WALRecordsPerMsg: float64(s.walRecords-start.walRecords) / n,
-		WALSyncs: s.walSyncs - start.walSyncs, WALFullPages: s.walFPI - start.walFPI,
-		Note: "commits and rows: the bench database (the bench's own polling included); WAL: the whole server",
+		ServerWALBytesPerMsg: float64(s.walBytes-start.walBytes) / n, ServerWALRecordsPerMsg: float64(s.walRecords-start.walRecords) / n,
+		WALSource: "pg_stat_wal: the whole server",
+		WALSyncs:  s.walSyncs - start.walSyncs, WALFullPages: s.walFPI - start.walFPI,
+		OtherDBCommits: s.otherCommits - start.otherCommits,
+		Note:           "commits and rows: the bench database (the bench's own polling included); WAL: the whole server; CPU: the server's shared processes and the bench database's backends",
 	}
 }
 
@@ -70,10 +99,49 @@ func (s pgSample) since(start pgSample, msgs int) *pgActivity {
 func (b *bench) endPG(ctx context.Context, tag string, pg0 pgSample, msgs int) *pgActivity {
 	b.stopAll()
 	time.Sleep(300 * time.Millisecond) // the backends exit just after their clients
-	a := b.samplePG(ctx).since(pg0, msgs)
+	pg1 := b.samplePG(ctx)
+	a := pg1.since(pg0, msgs)
 	if a != nil {
+		if recs, bytes, err := b.databaseWAL(ctx, pg0, pg1); err == nil {
+			a.WALRecordsPerMsg, a.WALBytesPerMsg = float64(recs)/float64(msgs), float64(bytes)/float64(msgs)
+			a.WALSource = "pg_walinspect: the records of the bench database's relations and of its transactions"
+		} else {
+			b.logf("[%s] WAL of the bench database alone unknown (%v): the figures are the whole server's", tag, err)
+		}
 		b.logf("[%s] postgres: %.2f commits, %.2f row updates, %.1f WAL records, %.0f WAL bytes per message; %d WAL syncs",
 			tag, a.CommitsPerMsg, float64(a.RowsUpdated)/float64(msgs), a.WALRecordsPerMsg, a.WALBytesPerMsg, a.WALSyncs)
 	}
 	return a
+}
+
+// finishPG is endPG with the Postgres CPU per message from cpu, the
+// scenario's CPU window.
+func (b *bench) finishPG(ctx context.Context, tag string, pg0 pgSample, cpu cpuSplit, msgs int) *pgActivity {
+	a := b.endPG(ctx, tag, pg0, msgs)
+	if a != nil {
+		a.CPUMicrosPerMsg = cpu.Cores["postgres"] * cpu.Seconds / float64(msgs) * 1e6
+		b.logf("[%s] postgres: %.0f µs CPU per message; %d commits in other databases meanwhile", tag, a.CPUMicrosPerMsg, a.OtherDBCommits)
+	}
+	return a
+}
+
+// databaseWAL counts the WAL records, and their bytes, written between two
+// samples for the bench database alone: those that touch one of its
+// relations, and every other record of the transactions that wrote those
+// (their commits). pg_stat_wal counts the whole server's, other databases'
+// work included. It needs the pg_walinspect extension (created by the
+// bench when the server has it) and the WAL still on disk.
+func (b *bench) databaseWAL(ctx context.Context, from, to pgSample) (records, bytes int64, err error) {
+	if !from.ok || !to.ok || from.lsn == "" || to.lsn == "" {
+		return 0, 0, errors.New("no WAL positions")
+	}
+	pattern := fmt.Sprintf("%%/%d/%%", to.dbOID)
+	err = b.pool.QueryRow(ctx, `WITH r AS (
+			SELECT xid::text AS xid, record_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+		), mine AS (
+			SELECT DISTINCT xid FROM r WHERE block_ref LIKE $3 AND xid <> '0'
+		)
+		SELECT count(*), coalesce(sum(record_length), 0)::bigint FROM r
+		WHERE block_ref LIKE $3 OR (xid <> '0' AND xid IN (SELECT xid FROM mine))`, from.lsn, to.lsn, pattern).Scan(&records, &bytes)
+	return records, bytes, err
 }
