@@ -89,7 +89,8 @@ func (s pgSample) since(start pgSample, msgs int) *pgActivity {
 		ServerWALBytesPerMsg: float64(s.walBytes-start.walBytes) / n, ServerWALRecordsPerMsg: float64(s.walRecords-start.walRecords) / n,
 		WALSource: "pg_stat_wal: the whole server",
 		WALSyncs:  s.walSyncs - start.walSyncs, WALFullPages: s.walFPI - start.walFPI,
-		OtherDBCommits: s.otherCommits - start.otherCommits,
+		// A database dropped meanwhile takes its counters with it.
+		OtherDBCommits: max(0, s.otherCommits-start.otherCommits),
 		Note:           "commits and rows: the bench database (the bench's own polling included); WAL: the whole server; CPU: the server's shared processes and the bench database's backends",
 	}
 }
