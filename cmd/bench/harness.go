@@ -41,6 +41,9 @@ type bench struct {
 	apiKey   string
 	// receiptSecret signs the stub's receipts to the receiver.
 	receiptSecret string
+	// polls counts the bench's own polling queries (one transaction each),
+	// left out of the scenarios' commits.
+	polls atomic.Int64
 	// procs are the processes of the scenario running now, stopped at its end
 	// (or by cleanup when the bench fails).
 	procs []*child
@@ -440,6 +443,7 @@ func (b *bench) countStatus(ctx context.Context, st string) (int, error) {
 // countIn returns how many rows of table have status st.
 func (b *bench) countIn(ctx context.Context, table, st string) (int, error) {
 	var n int
+	b.polls.Add(1)
 	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE status = $1`, st).Scan(&n)
 	return n, err
 }

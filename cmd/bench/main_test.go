@@ -243,3 +243,17 @@ func TestThroughputFigures(t *testing.T) {
 		}
 	}
 }
+
+// The bench's own polling queries are left out of a scenario's commits.
+func TestCommitsLessPolls(t *testing.T) {
+	t.Parallel()
+	start := pgSample{ok: true, commits: 1000, polls: 5, walBytes: 100, walRecords: 10}
+	end := pgSample{ok: true, commits: 1250, polls: 55, walBytes: 20100, walRecords: 210}
+	a := end.since(start, 100)
+	if a.Commits != 200 || a.CommitsPerMsg != 2 || a.BenchPolls != 50 || a.WALBytesPerMsg != 200 || a.WALRecordsPerMsg != 2 {
+		t.Fatalf("since = %+v", a)
+	}
+	if end.since(pgSample{}, 100) != nil {
+		t.Fatal("since a failed sample: want nil")
+	}
+}

@@ -20,6 +20,8 @@ type pgSample struct {
 	// lsn is the WAL flushed so far, dbOID the bench database's oid.
 	lsn   string
 	dbOID uint32
+	// polls is the bench's polling queries so far.
+	polls int64
 	ok    bool
 }
 
@@ -27,7 +29,7 @@ type pgSample struct {
 // second and when they exit, so the end sample is taken after the relay and
 // senders have stopped.
 func (b *bench) samplePG(ctx context.Context) pgSample {
-	s := pgSample{at: time.Now()}
+	s := pgSample{at: time.Now(), polls: b.polls.Load()}
 	if _, err := b.pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 		return s
 	}
@@ -45,9 +47,11 @@ func (b *bench) samplePG(ctx context.Context) pgSample {
 // pgActivity is what Postgres did over a scenario, per message.
 type pgActivity struct {
 	// Commits is how many transactions committed in the bench database,
-	// CommitsPerMsg the same per message.
+	// less the bench's own polling queries (BenchPolls), CommitsPerMsg the
+	// same per message.
 	Commits       int64   `json:"commits"`
 	CommitsPerMsg float64 `json:"commits_per_msg"`
+	BenchPolls    int64   `json:"bench_polls"`
 	// RowsUpdated and RowsInserted count row writes (outbox and attempts).
 	RowsUpdated  int64 `json:"rows_updated"`
 	RowsInserted int64 `json:"rows_inserted"`
@@ -82,8 +86,10 @@ func (s pgSample) since(start pgSample, msgs int) *pgActivity {
 		return nil
 	}
 	n := float64(msgs)
+	polls := s.polls - start.polls
+	commits := max(0, s.commits-start.commits-polls)
 	return &pgActivity{
-		Commits: s.commits - start.commits, CommitsPerMsg: float64(s.commits-start.commits) / n,
+		Commits: commits, CommitsPerMsg: float64(commits) / n, BenchPolls: polls,
 		RowsUpdated: s.updated - start.updated, RowsInserted: s.inserted - start.inserted,
 		WALBytesPerMsg: float64(s.walBytes-start.walBytes) / n, WALRecordsPerMsg: float64(s.walRecords-start.walRecords) / n,
 		ServerWALBytesPerMsg: float64(s.walBytes-start.walBytes) / n, ServerWALRecordsPerMsg: float64(s.walRecords-start.walRecords) / n,
@@ -91,7 +97,7 @@ func (s pgSample) since(start pgSample, msgs int) *pgActivity {
 		WALSyncs:  s.walSyncs - start.walSyncs, WALFullPages: s.walFPI - start.walFPI,
 		// A database dropped meanwhile takes its counters with it.
 		OtherDBCommits: max(0, s.otherCommits-start.otherCommits),
-		Note:           "commits and rows: the bench database (the bench's own polling included); WAL: the whole server; CPU: the server's shared processes and the bench database's backends",
+		Note:           "commits: the bench database's, less the bench's polling queries; rows: the bench database's (polling included); WAL: see wal_source; CPU: the server's shared processes and the bench database's backends",
 	}
 }
 

@@ -92,6 +92,7 @@ func (b *bench) waitDrained(ctx context.Context, tag, table string, from time.Ti
 			b.logf("[%s] %5.1fs  draining", tag, time.Since(from).Seconds())
 		}
 		var left bool
+		b.polls.Add(1)
 		err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE status = 'pending')`).Scan(&left)
 		return !left, err
 	})
