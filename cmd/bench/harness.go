@@ -44,6 +44,14 @@ type bench struct {
 	// polls counts the bench's own polling queries (one transaction each),
 	// left out of the scenarios' commits.
 	polls atomic.Int64
+	// walInspect says pg_walinspect is there. walHold is the connection
+	// owning a temporary replication slot that keeps a scenario's WAL on
+	// disk from its start until the bench has counted it (a checkpoint,
+	// the bench's or another database's, would remove it); nil between
+	// scenarios. The slot goes with the connection, even when the bench
+	// dies.
+	walInspect bool
+	walHold    *pgx.Conn
 	// procs are the processes of the scenario running now, stopped at its end
 	// (or by cleanup when the bench fails).
 	procs []*child
@@ -96,6 +104,8 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	// databases' with pg_walinspect, where the server has it.
 	if _, err := b.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
 		b.logf("no pg_walinspect (%v): WAL figures will be the whole server's", err)
+	} else {
+		b.walInspect = true
 	}
 
 	rep := &report{Started: time.Now().UTC(), Host: hostInfo(), Config: configJSON(c)}
@@ -152,6 +162,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 // are wanted.
 func (b *bench) cleanup(failed bool) {
 	b.stopAll()
+	b.releaseWAL()
 	if b.pool != nil {
 		b.pool.Close()
 	}

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // pgSample is the bench database's activity counters (pg_stat_database)
@@ -29,6 +33,12 @@ type pgSample struct {
 // second and when they exit, so the end sample is taken after the relay and
 // senders have stopped.
 func (b *bench) samplePG(ctx context.Context) pgSample {
+	b.holdWAL(ctx)
+	return b.readPG(ctx)
+}
+
+// readPG reads the counters for the end of a window.
+func (b *bench) readPG(ctx context.Context) pgSample {
 	s := pgSample{at: time.Now(), polls: b.polls.Load()}
 	if _, err := b.pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 		return s
@@ -106,10 +116,12 @@ func (s pgSample) since(start pgSample, msgs int) *pgActivity {
 func (b *bench) endPG(ctx context.Context, tag string, pg0 pgSample, msgs int) *pgActivity {
 	b.stopAll()
 	time.Sleep(300 * time.Millisecond) // the backends exit just after their clients
-	pg1 := b.samplePG(ctx)
+	pg1 := b.readPG(ctx)
 	a := pg1.since(pg0, msgs)
 	if a != nil {
-		if recs, bytes, err := b.databaseWAL(ctx, pg0, pg1); err == nil {
+		recs, bytes, err := b.databaseWAL(ctx, pg0, pg1)
+		b.releaseWAL()
+		if err == nil {
 			a.WALRecordsPerMsg, a.WALBytesPerMsg = float64(recs)/float64(msgs), float64(bytes)/float64(msgs)
 			a.WALSource = "pg_walinspect: the records of the bench database's relations and of its transactions"
 		} else {
@@ -151,4 +163,37 @@ func (b *bench) databaseWAL(ctx context.Context, from, to pgSample) (records, by
 		SELECT count(*), coalesce(sum(record_length), 0)::bigint FROM r
 		WHERE block_ref LIKE $3 OR (xid <> '0' AND xid IN (SELECT xid FROM mine))`, from.lsn, to.lsn, pattern).Scan(&records, &bytes)
 	return records, bytes, err
+}
+
+// holdWAL makes a temporary replication slot, on a connection of its
+// own, that keeps the WAL written from now on until releaseWAL; a slot
+// still held (by a scenario that failed) is released first. Without it the
+// WAL figures may fall back to the whole server's.
+func (b *bench) holdWAL(ctx context.Context) {
+	b.releaseWAL()
+	if !b.walInspect {
+		return
+	}
+	conn, err := pgx.Connect(ctx, b.cfg.databaseURL)
+	if err != nil {
+		b.logf("no replication slot to keep the WAL until it is counted: %v", err)
+		return
+	}
+	slot := "sendonce_bench_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true, true)`, slot); err != nil {
+		b.logf("no replication slot to keep the WAL until it is counted: %v", err)
+		_ = conn.Close(ctx)
+		return
+	}
+	b.walHold = conn
+}
+
+// releaseWAL drops the slot with its connection.
+func (b *bench) releaseWAL() {
+	if b.walHold != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = b.walHold.Close(ctx)
+		b.walHold = nil
+	}
 }
