@@ -39,6 +39,19 @@ type bench struct {
 	dbName   string
 	self     string
 	apiKey   string
+	// receiptSecret signs the stub's receipts to the receiver.
+	receiptSecret string
+	// polls counts the bench's own polling queries (one transaction each),
+	// left out of the scenarios' commits.
+	polls atomic.Int64
+	// walInspect says pg_walinspect is there. walHold is the connection
+	// owning a temporary replication slot that keeps a scenario's WAL on
+	// disk from its start until the bench has counted it (a checkpoint,
+	// the bench's or another database's, would remove it); nil between
+	// scenarios. The slot goes with the connection, even when the bench
+	// dies.
+	walInspect bool
+	walHold    *pgx.Conn
 	// procs are the processes of the scenario running now, stopped at its end
 	// (or by cleanup when the bench fails).
 	procs []*child
@@ -57,7 +70,7 @@ func (b *bench) logf(format string, args ...any) {
 
 func (b *bench) run(ctx context.Context) (*report, error) {
 	c := b.cfg
-	if err := proc.Binaries(c.binDir, "relay", "sender", "smsstub"); err != nil {
+	if err := proc.Binaries(c.binDir, "relay", "sender", "smsstub", "receiver"); err != nil {
 		return nil, err
 	}
 	u, err := url.Parse(c.databaseURL)
@@ -72,6 +85,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		return nil, err
 	}
 	b.apiKey = "bench-" + uuid.NewString()
+	b.receiptSecret = "bench-receipts-" + uuid.NewString()
 
 	if _, err := proc.Run(ctx, filepath.Join(c.binDir, "relay"), []string{"migrate"},
 		[]string{"DATABASE_URL=" + c.databaseURL, "LOG_FORMAT=text", "LOG_LEVEL=warn"}); err != nil {
@@ -86,6 +100,13 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		return nil, fmt.Errorf("-database-url: %w", err)
 	}
 	b.logf("database %s migrated; logs in %s; %d CPUs", u.Redacted(), b.logDir, runtime.NumCPU())
+	// The WAL of the bench database is told apart from the other
+	// databases' with pg_walinspect, where the server has it.
+	if _, err := b.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
+		b.logf("no pg_walinspect (%v): WAL figures will be the whole server's", err)
+	} else {
+		b.walInspect = true
+	}
 
 	rep := &report{Started: time.Now().UTC(), Host: hostInfo(), Config: configJSON(c)}
 	// Other programs on the machine skew every figure: say so up front.
@@ -100,15 +121,19 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		name string
 		fn   func(context.Context, *report) error
 	}
+	var errs []error
+	if c.selected["relay"] || c.selected["pipeline"] {
+		if err := b.setupBare(ctx); err != nil {
+			return nil, err
+		}
+		errs = append(errs, b.throughput(ctx, rep)...)
+	}
 	steps := []step{
-		{"relay", b.relayDrain},
-		{"pipeline", b.pipeline},
 		{"latency", b.latency},
 		{"scaleout", b.scaleOut},
 		{"priority", b.priority},
 		{"ratelimit", b.rateLimit},
 	}
-	var errs []error
 	for _, st := range steps {
 		if !c.selected[st.name] {
 			continue
@@ -137,6 +162,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 // are wanted.
 func (b *bench) cleanup(failed bool) {
 	b.stopAll()
+	b.releaseWAL()
 	if b.pool != nil {
 		b.pool.Close()
 	}
@@ -172,7 +198,7 @@ func (b *bench) alive() error {
 // stopAll stops the scenario's processes with SIGTERM, workers first so they
 // drain while the stub and NATS are still up, and waits for them.
 func (b *bench) stopAll() {
-	for _, role := range []string{"relay", "sender", "smsstub", "nats"} {
+	for _, role := range []string{"relay", "sender", "smsstub", "receiver", "nats"} {
 		var group []*proc.Process
 		for _, p := range b.procs {
 			if p.role == role {
@@ -207,6 +233,11 @@ type env struct {
 // newEnv empties the outbox, starts a fresh NATS server (or clears the
 // external one) and, when stubLatency is not negative, a fresh stub.
 func (b *bench) newEnv(ctx context.Context, name string, stubLatency time.Duration, stubArgs ...string) (*env, error) {
+	return b.newEnvWith(ctx, name, stubLatency, nil, stubArgs...)
+}
+
+// newEnvWith is newEnv with settings for the stub's environment.
+func (b *bench) newEnvWith(ctx context.Context, name string, stubLatency time.Duration, stubEnv []string, stubArgs ...string) (*env, error) {
 	e := &env{b: b, name: name, stubArgs: stubArgs}
 	if err := b.truncate(ctx); err != nil {
 		return nil, err
@@ -246,7 +277,7 @@ func (b *bench) newEnv(ctx context.Context, name string, stubLatency time.Durati
 	}
 	if stubLatency >= 0 {
 		args := append([]string{"-addr", "127.0.0.1:0", "-latency", stubLatency.String(), "-log-level", "warn"}, e.stubArgs...)
-		p, err := b.start(name+"-smsstub", "smsstub", filepath.Join(b.cfg.binDir, "smsstub"), args, []string{"SMS_API_KEY=" + b.apiKey}, "")
+		p, err := b.start(name+"-smsstub", "smsstub", filepath.Join(b.cfg.binDir, "smsstub"), args, append([]string{"SMS_API_KEY=" + b.apiKey}, stubEnv...), "")
 		if err != nil {
 			return nil, err
 		}
@@ -280,6 +311,21 @@ func (e *env) startRelay(ctx context.Context) (time.Time, error) {
 		return time.Time{}, err
 	}
 	return p.Ready(ctx, 30*time.Second)
+}
+
+// receiverAnnounce starts the line the receiver prints once it listens.
+const receiverAnnounce = "receiver listening on "
+
+// startReceiver starts a receiver of the stub's receipts and returns its
+// base URL.
+func (e *env) startReceiver(ctx context.Context) (string, error) {
+	env := []string{"DATABASE_URL=" + e.b.cfg.databaseURL, "RECEIPTS_ADDR=127.0.0.1:0", "HTTP_ADDR=127.0.0.1:0",
+		"SMS_WEBHOOK_SECRET=" + e.b.receiptSecret, "LOG_FORMAT=json", "LOG_LEVEL=info"}
+	p, err := e.b.start(e.name+"-receiver", "receiver", filepath.Join(e.b.cfg.binDir, "receiver"), nil, env, "")
+	if err != nil {
+		return "", err
+	}
+	return p.Announced(ctx, receiverAnnounce, 30*time.Second)
 }
 
 // startSenders starts n senders at once and waits until every one has
@@ -400,10 +446,16 @@ func (b *bench) copyRowsWith(ctx context.Context, n int, status string, p outbox
 	return nil
 }
 
-// countStatus returns how many rows have status st.
+// countStatus returns how many rows of the outbox have status st.
 func (b *bench) countStatus(ctx context.Context, st string) (int, error) {
+	return b.countIn(ctx, "sms_outbox", st)
+}
+
+// countIn returns how many rows of table have status st.
+func (b *bench) countIn(ctx context.Context, table, st string) (int, error) {
 	var n int
-	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE status = $1`, st).Scan(&n)
+	b.polls.Add(1)
+	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE status = $1`, st).Scan(&n)
 	return n, err
 }
 

@@ -10,14 +10,27 @@
 // Scenarios:
 //
 //	relay     a backlog of pending rows (written with COPY before the relay
-//	          starts) drained to queued by one relay: rows/s
+//	          starts) drained to queued by one relay, and by the bare
+//	          relay: rows/s and their ratio
 //	pipeline  a backlog drained from pending to sent by 1 relay, 2 senders
-//	          and the stub without latency: msg/s
+//	          and the stub without latency; the same with receipts (to
+//	          delivered, through a receiver); and by the bare pipeline:
+//	          msg/s and the ratios
 //	latency   committed single-row inserts at a fixed rate (outbox.Enqueue,
 //	          8 writers): commit->queued and commit->sent p50/p95/p99
 //	scaleout  a queued backlog sent by 1 sender, then by 4, against the stub
 //	          with 50 ms latency: the throughput ratio
 //	memory    the relay's and senders' peak RSS (VmHWM) under those loads
+//
+// The bare relay and the bare pipeline are baselines run in goroutines of
+// the bench, on the same Postgres and NATS server, with a table of their
+// own (schema sendonce_bare, only a partial index on the pending rows) and
+// a stream of their own (BARE): the floor of the work, with no leases,
+// fences, attempts log, receipts or metrics. The relay and pipeline sides
+// run -runs times, interleaved (bare relay, relay, bare pipeline, pipeline,
+// pipeline with receipts); each figure is the median of its runs, and the
+// targets are the product's medians over the baselines'. Every side also
+// reports Postgres's CPU, commits and WAL per message.
 //
 // The embedded NATS server runs in a child process (this binary, re-executed
 // as "bench nats-server"), so that its CPU time is counted apart from the
@@ -62,6 +75,7 @@ type config struct {
 	quick        bool
 	strict       bool
 	keepLogs     bool
+	runs         int
 	relayRows    int
 	relays       int
 	pipeRows     int
@@ -133,6 +147,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.quick, "quick", "BENCH_QUICK", false, "a small version of every scenario (for CI): sizes and durations divided by about 10 unless set explicitly")
 	s.Bool(&c.strict, "strict", "BENCH_STRICT", false, "exit 1 when a figure misses its target")
 	s.Bool(&c.keepLogs, "keep-logs", "BENCH_KEEP_LOGS", false, "keep the processes' log directory")
+	s.Int(&c.runs, "runs", "BENCH_RUNS", 3, 1, 99, "relay and pipeline: interleaved runs of every side (bare relay, relay, bare pipeline, pipeline, pipeline with receipts); each figure is the median of its runs")
 	s.Int(&c.relayRows, "rows", "BENCH_ROWS", 50_000, 1, 10_000_000, "relay: pending rows to drain")
 	s.Int(&c.relays, "relays", "BENCH_RELAYS", 1, 1, 16, "relay: relay processes sharing the backlog")
 	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline: pending rows to send")
@@ -191,6 +206,7 @@ func applyQuick(c *config, fs *flag.FlagSet, getenv func(string) string) {
 			apply()
 		}
 	}
+	shrink("runs", "BENCH_RUNS", func() { c.runs = 1 })
 	shrink("rows", "BENCH_ROWS", func() { c.relayRows = 5000 })
 	shrink("pipeline-rows", "BENCH_PIPELINE_ROWS", func() { c.pipeRows = 2000 })
 	shrink("duration", "BENCH_DURATION", func() { c.duration = 3 * time.Second })

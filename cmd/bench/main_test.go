@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,7 +141,7 @@ func TestFlags(t *testing.T) {
 func TestRefusesForeignDatabase(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	for _, bin := range []string{"relay", "sender", "smsstub"} {
+	for _, bin := range []string{"relay", "sender", "smsstub", "receiver"} {
 		writeExecutable(t, dir+"/"+bin)
 	}
 	var stderr bytes.Buffer
@@ -159,3 +160,100 @@ func writeExecutable(t *testing.T, path string) {
 
 // docs/configuration.md lists every setting, generated from bind (make docs).
 func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "bench", bind) }
+
+func TestMedianAndRatio(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		xs   []float64
+		want float64
+	}{
+		{nil, 0}, {[]float64{7}, 7}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}, {[]float64{5, 5, 1}, 5},
+	} {
+		in := append([]float64(nil), tt.xs...)
+		if got := median(tt.xs); got != tt.want {
+			t.Errorf("median(%v) = %v, want %v", tt.xs, got, tt.want)
+		}
+		if !slices.Equal(in, tt.xs) {
+			t.Errorf("median reordered its input: %v", tt.xs)
+		}
+	}
+	if got := ratio(3, 4); got != 0.75 {
+		t.Errorf("ratio(3, 4) = %v", got)
+	}
+	if got := ratio(3, 0); got != 0 {
+		t.Errorf("ratio(3, 0) = %v, want 0", got)
+	}
+}
+
+// Each side's figure is the median of its runs, and the three targets are
+// the ratios of the product's medians to the baselines'.
+func TestThroughputFigures(t *testing.T) {
+	t.Parallel()
+	pg := func(cpu, commits, bytes, recs float64) *pgActivity {
+		return &pgActivity{CPUMicrosPerMsg: cpu, CommitsPerMsg: commits, WALBytesPerMsg: bytes, WALRecordsPerMsg: recs}
+	}
+	res := map[string][]sideResult{
+		sideBareRelay:    {{40000, pg(10, 0.002, 600, 4)}, {36000, pg(12, 0.002, 610, 4)}, {38000, pg(11, 0.002, 620, 4)}},
+		sideRelay:        {{30000, pg(20, 0.01, 3000, 20)}, {37000, nil}, {36000, pg(22, 0.01, 3100, 22)}},
+		sideBarePipeline: {{6000, nil}, {6400, nil}, {6200, nil}},
+		sidePipeline:     {{5000, nil}, {5100, nil}, {4900, nil}},
+		sideReceipts:     {{4400, nil}, {4300, nil}, {4500, nil}},
+	}
+	r := &report{}
+	r.addThroughput(3, res)
+	want := map[string]float64{
+		"bare relay: drain pending->queued, median of 3":                           38000,
+		"relay: drain pending->queued, median of 3":                                36000,
+		"relay: postgres CPU per message":                                          21, // median of the two runs that have it
+		"bare relay: WAL bytes per message":                                        610,
+		"pipeline with receipts: drain pending->delivered (receipts), median of 3": 4400,
+	}
+	got := map[string]figure{}
+	for _, f := range r.Figures {
+		got[f.Name] = f
+	}
+	for name, v := range want {
+		if f, ok := got[name]; !ok || f.Value != v {
+			t.Errorf("%s = %+v, want %v", name, f, v)
+		}
+	}
+	for _, tt := range []struct {
+		name  string
+		value float64
+		met   bool
+	}{
+		{"relay / bare relay", 36000.0 / 38000, false},
+		{"pipeline / bare pipeline", 5000.0 / 6200, true},
+		{"pipeline with receipts / bare pipeline", 4400.0 / 6200, true},
+	} {
+		f, ok := got[tt.name]
+		if !ok || f.Value != tt.value || f.Met == nil || *f.Met != tt.met || f.Unit != "x" {
+			t.Errorf("%s = %+v, want %v (met %v)", tt.name, f, tt.value, tt.met)
+		}
+	}
+	if r.Throughput == nil || r.Throughput.Runs != 3 || len(r.Throughput.Sides) != 5 || len(r.Throughput.Ratios) != 3 {
+		t.Fatalf("throughput = %+v", r.Throughput)
+	}
+	// Without the baseline, no ratio.
+	r = &report{}
+	r.addThroughput(1, map[string][]sideResult{sideRelay: {{30000, nil}}})
+	for _, f := range r.Figures {
+		if f.Op != "" {
+			t.Errorf("a ratio without its baseline: %+v", f)
+		}
+	}
+}
+
+// The bench's own polling queries are left out of a scenario's commits.
+func TestCommitsLessPolls(t *testing.T) {
+	t.Parallel()
+	start := pgSample{ok: true, commits: 1000, polls: 5, walBytes: 100, walRecords: 10}
+	end := pgSample{ok: true, commits: 1250, polls: 55, walBytes: 20100, walRecords: 210}
+	a := end.since(start, 100)
+	if a.Commits != 200 || a.CommitsPerMsg != 2 || a.BenchPolls != 50 || a.WALBytesPerMsg != 200 || a.WALRecordsPerMsg != 2 {
+		t.Fatalf("since = %+v", a)
+	}
+	if end.since(pgSample{}, 100) != nil {
+		t.Fatal("since a failed sample: want nil")
+	}
+}

@@ -28,6 +28,9 @@ type report struct {
 	Figures []figure `json:"figures"`
 	// Scenarios hold what each scenario measured besides its figures.
 	Scenarios []scenarioReport `json:"scenarios"`
+	// Throughput is each relay and pipeline side's runs and medians, and
+	// the ratios of the product to the bare baselines.
+	Throughput *throughputReport `json:"throughput,omitempty"`
 }
 
 // figure is one row of the table.
@@ -53,6 +56,8 @@ type figure struct {
 type scenarioReport struct {
 	// Name is the scenario (scaleout-N for a leg of the scale-out).
 	Name string `json:"name"`
+	// Run is the run of the relay and pipeline sides (1..-runs).
+	Run int `json:"run,omitempty"`
 	// Rows is how many messages it moved.
 	Rows int `json:"rows"`
 	// CPU is the CPU used over the measured window, by process group.
@@ -158,6 +163,10 @@ func formatValue(v float64, unit string) string {
 		return thousands(int64(math.Round(v))) + " " + unit
 	case "x":
 		return strconv.FormatFloat(v, 'f', 2, 64) + "x"
+	case "commits":
+		return strconv.FormatFloat(v, 'f', 3, 64) + " " + unit
+	case "B":
+		return thousands(int64(math.Round(v))) + " " + unit
 	default:
 		return strconv.FormatFloat(v, 'f', 1, 64) + " " + unit
 	}
@@ -213,7 +222,7 @@ func configJSON(c config) map[string]any {
 		}
 	}
 	return map[string]any{
-		"scenarios": only, "quick": c.quick, "relay_rows": c.relayRows, "relays": c.relays, "pipeline_rows": c.pipeRows,
+		"scenarios": only, "quick": c.quick, "runs": c.runs, "relay_rows": c.relayRows, "relays": c.relays, "pipeline_rows": c.pipeRows,
 		"senders": c.senders, "sender_concurrency": c.concurrency, "latency_rate": c.rate,
 		"latency_writers": c.writers, "latency_duration": c.duration.String(), "latency_warmup": c.warmup.String(),
 		"scale_rows_per_sender": c.scaleRows, "scale_senders": c.scaleSenders,

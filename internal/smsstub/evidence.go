@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -25,6 +26,11 @@ const (
 	// receiptTries bounds the tries of one receipt, as a provider gives up
 	// on a callback URL that keeps failing.
 	receiptTries = 10
+	// receiptConns is how many receipts are posted at once, and how many
+	// idle keep-alive connections the receipt client keeps per callback
+	// host: with Go's default of 2, every receipt beyond the second in
+	// flight opened (and then closed) a connection of its own.
+	receiptConns = 128
 )
 
 // Receipts configures the delivery receipts the stub sends, signed with
@@ -153,9 +159,8 @@ func (s *Server) postReceipt(m *message, callback, status string) bool {
 		req.Header.Set("Content-Type", "application/json")
 		// Signed at each try: a receipt retried later is not stale.
 		req.Header.Set(receiver.HeaderSignature, receiver.SignGeneric(s.receipts.Secret, raw, time.Now()))
-		resp, err := s.receiptClient.Do(req)
+		resp, err := s.postOne(req)
 		if err == nil {
-			resp.Body.Close()
 			if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 				s.count(func(st *Stats) { st.ReceiptsSent++ })
 				return true
@@ -168,6 +173,36 @@ func (s *Server) postReceipt(m *message, callback, status string) bool {
 	}
 	s.log.Warn("receipt given up after its tries", "provider_id", m.id)
 	return false
+}
+
+// postOne posts one receipt when one of the receiptConns slots is free
+// (or fails once the stub closes), and reads the answer to its end so that
+// the connection goes back to the idle pool.
+func (s *Server) postOne(req *http.Request) (*http.Response, error) {
+	select {
+	case s.receiptSlots <- struct{}{}:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	defer func() { <-s.receiptSlots }()
+	resp, err := s.receiptClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	return resp, nil
+}
+
+// newReceiptClient returns the client receipts are posted with: redirects
+// are not followed, and up to receiptConns connections per callback host
+// are kept alive between receipts.
+func newReceiptClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = receiptConns
+	t.MaxIdleConnsPerHost = receiptConns
+	return &http.Client{Timeout: 5 * time.Second, Transport: t,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 func (s *Server) count(fn func(*Stats)) {

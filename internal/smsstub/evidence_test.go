@@ -3,7 +3,9 @@ package smsstub
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -170,4 +172,67 @@ func TestLookupFailureAndDrop(t *testing.T) {
 	if st := s.Stats(); st.Dropped != 1 || st.Deliveries != 0 || st.LookupFailures != 1 {
 		t.Errorf("stats %+v", st)
 	}
+}
+
+// Receipts reuse kept-alive connections: waves of concurrent receipts to
+// one callback host open about one wave's worth of connections in all, not
+// one per receipt beyond Go's default two idle connections per host.
+func TestReceiptsReuseConnections(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	opened, got := 0, 0
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		time.Sleep(20 * time.Millisecond) // keep the wave's receipts in flight together
+		mu.Lock()
+		got++
+		mu.Unlock()
+	}))
+	ts.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			mu.Lock()
+			opened++
+			mu.Unlock()
+		}
+	}
+	ts.Start()
+	t.Cleanup(ts.Close)
+	s := newStub(t, Config{Receipts: Receipts{Secret: testSecret, Delay: time.Millisecond}})
+	const waves, wave = 4, 40
+	for w := range waves {
+		var wg sync.WaitGroup
+		for i := range wave {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				key := fmt.Sprintf("k-%d-%d", w, i)
+				body := `{"to":"+15550000001","body":"hi","reference":"` + key + `","callback_url":"` + ts.URL + `/v1/receipts/generic"}`
+				if r, err := post(context.Background(), s.client, s.url, key, body); err != nil || r.status != http.StatusCreated {
+					t.Errorf("post: %d %v", r.status, err)
+				}
+			}()
+		}
+		wg.Wait()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			n := got
+			mu.Unlock()
+			if n == (w+1)*wave {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("wave %d: %d of %d receipts arrived", w, n, (w+1)*wave)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Without keep-alive beyond two idle connections every wave after the
+	// first opens about wave-2 new ones: about 150 here.
+	if opened > wave+wave/2 {
+		t.Fatalf("%d receipts opened %d connections; want about %d (one wave), reused after", waves*wave, opened, wave)
+	}
+	t.Logf("%d receipts over %d connections", waves*wave, opened)
 }

@@ -148,6 +148,9 @@ type Server struct {
 	receiptsWG    sync.WaitGroup
 	closed        bool
 	receiptClient *http.Client
+	// receiptSlots bounds the receipts being posted at once to
+	// receiptConns, as many as receiptClient keeps idle connections for.
+	receiptSlots chan struct{}
 	// receiptBackoff is the pause after a receipt's first failed try,
 	// doubled after each further one (up to 5 s).
 	receiptBackoff time.Duration
@@ -233,8 +236,8 @@ func New(cfg Config) (*Server, error) {
 		receipts:       receipts,
 		byRef:          make(map[string][]*message),
 		receiptBackoff: 100 * time.Millisecond,
-		receiptClient: &http.Client{Timeout: 5 * time.Second,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		receiptClient:  newReceiptClient(),
+		receiptSlots:   make(chan struct{}, receiptConns),
 	}
 	if cfg.APIKey != "" {
 		s.apiKey = []byte(cfg.APIKey)
@@ -271,6 +274,7 @@ func (s *Server) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.receiptsWG.Wait()
+	s.receiptClient.CloseIdleConnections()
 	return nil
 }
 
