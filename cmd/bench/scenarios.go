@@ -45,7 +45,7 @@ func (b *bench) relayDrain(ctx context.Context, rep *report, run int) (sideResul
 			started = at
 		}
 	}
-	if err := b.waitDrained(ctx, name, "sms_outbox", started, nil); err != nil {
+	if err := b.waitDrained(ctx, name, "sms_outbox", "priority, created_at", started, nil); err != nil {
 		return sideResult{}, err
 	}
 	done := time.Now()
@@ -79,8 +79,13 @@ func (b *bench) relayDrain(ctx context.Context, rep *report, run int) (sideResul
 const drainMethod = "rows / (poll finding none pending, every 10 ms - first batch's transaction start)"
 
 // waitDrained polls table every 10 ms until no row is pending, or failed
-// reports an error (a bare relay's goroutines).
-func (b *bench) waitDrained(ctx context.Context, tag, table string, from time.Time, failed func() error) error {
+// reports an error (a bare relay's goroutines). The poll reads the table's
+// pending index in its relay's claim order (order), as the relay does: a
+// plain EXISTS is planned as a sequential scan (the statistics say every
+// row is pending), which reads every row drained so far, every 10 ms, on
+// the cores the relay needs; a 50,000-row drain spent 0.8 s of Postgres CPU
+// on it.
+func (b *bench) waitDrained(ctx context.Context, tag, table, order string, from time.Time, failed func() error) error {
 	show := throttle(time.Second)
 	return b.waitUntil(ctx, 10*time.Millisecond, func() (bool, error) {
 		if failed != nil {
@@ -91,10 +96,13 @@ func (b *bench) waitDrained(ctx context.Context, tag, table string, from time.Ti
 		if show() {
 			b.logf("[%s] %5.1fs  draining", tag, time.Since(from).Seconds())
 		}
-		var left bool
 		b.polls.Add(1)
-		err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE status = 'pending')`).Scan(&left)
-		return !left, err
+		var one int
+		err := b.pool.QueryRow(ctx, `SELECT 1 FROM `+table+` WHERE status = 'pending' ORDER BY `+order+` LIMIT 1`).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return true, nil
+		}
+		return false, err
 	})
 }
 

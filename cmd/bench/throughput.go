@@ -244,7 +244,7 @@ func (b *bench) bareRelayDrain(ctx context.Context, rep *report, run int) (sideR
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel() // before the pool closes: Close waits for its connections
 	relayDone := goErr(func() error { return runBareRelay(wctx, pool, js) })
-	if err := b.waitDrained(ctx, name, bareTable, started, relayDone.failed); err != nil {
+	if err := b.waitDrained(ctx, name, bareTable, "created_at", started, relayDone.failed); err != nil {
 		return sideResult{}, err
 	}
 	done := time.Now()
