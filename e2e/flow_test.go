@@ -62,7 +62,7 @@ func (e *env) noAttemptLost(ids []uuid.UUID) {
 	err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox o
 		WHERE o.id = ANY($1) AND o.attempt_count <>
 		      (SELECT count(*) FROM sms_attempts a WHERE a.outbox_id = o.id AND a.outcome <> 'rate_limited')
-		      + CASE WHEN o.sent_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM sms_attempts a
+		      + CASE WHEN o.sent_at IS NOT NULL AND o.publish_gen = 0 AND NOT EXISTS (SELECT 1 FROM sms_attempts a
 		                 WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
 		             THEN 1 ELSE 0 END`, ids).Scan(&bad)
 	if err != nil {

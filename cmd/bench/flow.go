@@ -202,7 +202,7 @@ func (b *bench) rateLimit(ctx context.Context, rep *report) error {
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox o
 		WHERE o.attempt_count <> (SELECT count(*) FROM sms_attempts a WHERE a.outbox_id = o.id AND a.outcome <> 'rate_limited')
 		      -- a first attempt that was sent is recorded by its row only
-		      + CASE WHEN o.sent_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM sms_attempts a
+		      + CASE WHEN o.sent_at IS NOT NULL AND o.publish_gen = 0 AND NOT EXISTS (SELECT 1 FROM sms_attempts a
 		                 WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
 		             THEN 1 ELSE 0 END`).Scan(&lost); err != nil {
 		return fmt.Errorf("count attempts lost to 429s: %w", err)

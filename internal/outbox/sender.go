@@ -253,8 +253,9 @@ type Attempt struct {
 	Error string
 	// Sender names the process that made the attempt.
 	Sender string
-	// FromRow marks a first attempt that was sent, which the senders do
-	// not log: Attempts describes it from its row, with StartedAt the time
+	// FromRow marks a first attempt that was sent, of a row never replayed
+	// or republished, which the senders do not log: Attempts describes it
+	// from its row, with StartedAt the time
 	// its acceptance was written (sent_at), and no latency, HTTP status or
 	// sender.
 	FromRow bool

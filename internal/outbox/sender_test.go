@@ -586,6 +586,24 @@ func TestFirstSentAttemptComesFromTheRow(t *testing.T) {
 		t.Errorf("settled by a receipt: %s", got)
 	}
 
+	// A replayed row (generation 1): its attempt 1 before the replay is in
+	// the log, so the senders log every attempt after it, and nothing is
+	// described from the row.
+	replayed := enqueue(t, pool, "+15551234572", "f")
+	c = claimOne(t, pool, replayed, uuid.New())
+	write([]outbox.Result{{ID: replayed, Status: outbox.StatusDead, Reason: "permanent", Error: "400", Token: c.Token}},
+		[]outbox.Attempt{{OutboxID: replayed, Number: 1, StartedAt: time.Now(), Outcome: "permanent", HTTPStatus: 400}})
+	exec(t, pool, `UPDATE sms_outbox SET status = 'pending', publish_gen = 1, attempt_count = 0, end_reason = NULL WHERE id = $1`, replayed)
+	c = claimOne(t, pool, replayed, uuid.New())
+	if c.Attempt != 1 || c.Gen != 1 {
+		t.Fatalf("replayed claim: attempt %d gen %d", c.Attempt, c.Gen)
+	}
+	write([]outbox.Result{{ID: replayed, Status: outbox.StatusSent, ProviderRef: "m6", Token: c.Token}},
+		[]outbox.Attempt{{OutboxID: replayed, Number: 1, StartedAt: time.Now(), Outcome: "sent", HTTPStatus: 201}})
+	if got := outcomes(replayed); got != "1:permanent:false 1:sent:false" {
+		t.Errorf("replayed, then sent: %s", got)
+	}
+
 	// Not sent: nothing.
 	pending := enqueue(t, pool, "+15551234571", "e")
 	if got := outcomes(pending); got != "" {

@@ -120,11 +120,14 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 	case !called:
 		res.row.ProviderRef = v.ref
 	}
-	// A first attempt that was sent is described by its row (attempt_count
-	// 1, provider_ref, sent_at): the log keeps what a row cannot describe,
+	// A first attempt that was sent, of a row never replayed or republished
+	// (generation 0), is described by its row (attempt_count 1,
+	// provider_ref, sent_at): the log keeps what a row cannot describe,
 	// which spares every message sent at once an insert and three index
-	// entries. outbox.Attempts shows it from the row.
-	firstSent := v.outcome == "sent" && c.Attempt == 1
+	// entries. outbox.Attempts shows it from the row. After a replay the
+	// count starts again beside the older generation's records, so the
+	// row alone could not tell which attempt 1 it describes.
+	firstSent := v.outcome == "sent" && c.Attempt == 1 && c.Gen == 0
 	if v.outcome != "" && v.outcome != "lookup" && !firstSent {
 		res.attempts = append(res.attempts, outbox.Attempt{
 			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: out.Latency, Outcome: v.outcome,
