@@ -44,7 +44,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 	f := facts{
 		stale: c.Result == outbox.ClaimedStale, idempotent: s.cfg.Provider.Idempotent(),
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
-		lastDelivery: s.lastDelivery(h.msg), canLookup: s.cfg.Provider.CanLookup(),
+		lastDelivery: s.lastDelivery(h.md), canLookup: s.cfg.Provider.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
@@ -159,8 +159,8 @@ func (s *Sender) rejectInvalid(hold context.Context, h held, id uuid.UUID, why s
 		payload = payload[:wire.MaxPayload]
 	}
 	l := deadletter.Letter{OutboxID: id, Reason: wire.ReasonInvalid, Error: why, Payload: payload}
-	if md, err := h.msg.Metadata(); err == nil {
-		l.StreamSeq = md.Sequence.Stream
+	if h.md != nil {
+		l.StreamSeq = h.md.Sequence.Stream
 	}
 	s.invalid.Add(1)
 	go func() {

@@ -16,6 +16,9 @@ import (
 type held struct {
 	msg  jetstream.Msg
 	keep func()
+	// md is the delivery's metadata, parsed once from its reply subject
+	// when it was fetched; nil if that failed.
+	md *jetstream.MsgMetadata
 }
 
 // answer stops the heartbeats and answers JetStream with fn.
@@ -112,7 +115,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		// a claim that waits out a database outage, a slow call or a slow
 		// status write never lets the ack deadline pass and the message go
 		// to another sender.
-		if md, err := h.msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		if h.md != nil && h.md.NumDelivered > 1 {
 			s.metrics.redeliveries.Inc()
 		}
 		p, err := wire.Decode(h.msg.Data())
@@ -146,7 +149,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		// A second copy of the same row in one batch (a republication)
 		// waits for the first copy's attempt like any concurrent delivery.
 		for _, h := range hs[1:] {
-			h.answer(func(m jetstream.Msg) { s.backOff(m, s.cfg.Lease) })
+			h.answer(func(m jetstream.Msg) { s.backOff(m, h.md, s.cfg.Lease) })
 			release()
 		}
 		h := hs[0]
@@ -168,7 +171,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			release()
 		case outbox.Leased:
 			s.metrics.leased.Inc()
-			h.answer(func(m jetstream.Msg) { s.backOff(m, c.LeaseLeft+jitter(time.Second)) })
+			h.answer(func(m jetstream.Msg) { s.backOff(m, h.md, c.LeaseLeft+jitter(time.Second)) })
 			release()
 		case outbox.NotFound:
 			s.rejectInvalid(hold, h, c.ID, "no outbox row with this id")

@@ -94,6 +94,9 @@ func (s *Sender) readLane(ctx context.Context, ls *lanes, l *lane) {
 		failures = 0
 		s.health.fetched()
 		h := held{msg: m, keep: keepAlive(m, s.heartbeat)}
+		if md, err := m.Metadata(); err == nil {
+			h.md = md
+		}
 		select {
 		case l.msgs <- h:
 			signal(ls.arrived)

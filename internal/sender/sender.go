@@ -176,11 +176,11 @@ func (s *Sender) Waiting() int {
 	return 0
 }
 
-// lastDelivery reports whether m is the consumer's last delivery of its
-// message: a Nak would not bring it back.
-func (s *Sender) lastDelivery(m jetstream.Msg) bool {
-	md, err := m.Metadata()
-	if err != nil {
+// lastDelivery reports whether the delivery of metadata md (nil when it
+// could not be read) is the consumer's last delivery of its message: a Nak
+// would not bring it back.
+func (s *Sender) lastDelivery(md *jetstream.MsgMetadata) bool {
+	if md == nil {
 		return false
 	}
 	max := s.maxDeliver[md.Consumer]
@@ -191,8 +191,8 @@ func (s *Sender) lastDelivery(m jetstream.Msg) bool {
 // or it is a second copy of a message in hand) with a delayed Nak; on its
 // last delivery it acks instead: the row's own message, or the reconciler,
 // moves it, and the consumer's budget is not the row's.
-func (s *Sender) backOff(m jetstream.Msg, d time.Duration) {
-	if s.lastDelivery(m) {
+func (s *Sender) backOff(m jetstream.Msg, md *jetstream.MsgMetadata, d time.Duration) {
+	if s.lastDelivery(md) {
 		_ = m.Ack()
 		return
 	}
