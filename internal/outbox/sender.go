@@ -119,7 +119,7 @@ SELECT want.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT 
        clock_timestamp()
 FROM want
 LEFT JOIN cur ON cur.id = want.id
-LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease, token)
+LEFT JOIN upd ON upd.id = want.id`, uuidArray(ids), lease, [16]byte(token))
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
 		var (
 			c          Claim
