@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	store "github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -198,13 +199,8 @@ func (b *bench) rateLimit(ctx context.Context, rep *report) error {
 		worst = max(worst, math.Abs(r-sharedLimit)/sharedLimit*100)
 		lo, hi = min(lo, r), max(hi, r)
 	}
-	var lost int
-	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox o
-		WHERE o.attempt_count <> (SELECT count(*) FROM sms_attempts a WHERE a.outbox_id = o.id AND a.outcome <> 'rate_limited')
-		      -- a first attempt that was sent is recorded by its row only
-		      + CASE WHEN o.sent_at IS NOT NULL AND o.publish_gen = 0 AND NOT EXISTS (SELECT 1 FROM sms_attempts a
-		                 WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
-		             THEN 1 ELSE 0 END`).Scan(&lost); err != nil {
+	lost, err := store.MiscountedAttempts(ctx, b.pool, nil)
+	if err != nil {
 		return fmt.Errorf("count attempts lost to 429s: %w", err)
 	}
 	share429 := 100 * float64(stats.OverLimit) / float64(max(1, stats.Requests))

@@ -151,7 +151,7 @@ func (b *bench) pipeline(ctx context.Context, rep *report, run int, receipts boo
 		final = "delivered"
 		err = b.waitReceipts(ctx, e, name, n, started)
 	} else {
-		err = b.waitSent(ctx, e, name, "sms_outbox", n, started)
+		err = b.waitSent(ctx, e, name, "sms_outbox", n, started, nil)
 	}
 	if err != nil {
 		return sideResult{}, err
@@ -193,10 +193,16 @@ func (b *bench) pipeline(ctx context.Context, rep *report, run int, receipts boo
 }
 
 // waitSent waits until the stub has delivered n messages and table shows
-// n rows sent, printing progress.
-func (b *bench) waitSent(ctx context.Context, e *env, tag, table string, n int, from time.Time) error {
+// n rows sent, printing progress; failed, when not nil, ends the wait with
+// its error (a bare side's goroutines).
+func (b *bench) waitSent(ctx context.Context, e *env, tag, table string, n int, from time.Time, failed func() error) error {
 	show := throttle(time.Second)
 	return b.waitUntil(ctx, 100*time.Millisecond, func() (bool, error) {
+		if failed != nil {
+			if err := failed(); err != nil {
+				return false, err
+			}
+		}
 		st, err := e.stubStats(ctx)
 		if err != nil {
 			return false, err
@@ -320,7 +326,7 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 	}
 	writeEnd := time.Now()
 	cpu := b.sampleCPU().since(cpu0)
-	if err := b.waitSent(ctx, e, "latency", "sms_outbox", total, begin); err != nil {
+	if err := b.waitSent(ctx, e, "latency", "sms_outbox", total, begin, nil); err != nil {
 		return err
 	}
 	mem := b.memories()
@@ -493,7 +499,7 @@ func (b *bench) scaleLeg(ctx context.Context, rep *report, senders int) (float64
 	if err != nil {
 		return 0, err
 	}
-	if err := b.waitSent(ctx, e, name, "sms_outbox", n, lastStarted); err != nil {
+	if err := b.waitSent(ctx, e, name, "sms_outbox", n, lastStarted, nil); err != nil {
 		return 0, err
 	}
 	cpu := b.sampleCPU().since(cpu0)

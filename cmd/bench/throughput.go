@@ -319,7 +319,7 @@ func (b *bench) barePipeline(ctx context.Context, rep *report, run int) (sideRes
 		}
 		return senderDone.failed()
 	}
-	if err := b.waitBareSent(ctx, e, name, n, started, failed); err != nil {
+	if err := b.waitSent(ctx, e, name, bareTable, n, started, failed); err != nil {
 		return sideResult{}, err
 	}
 	if err := senderDone.wait(); err != nil {
@@ -358,29 +358,6 @@ func (b *bench) barePipeline(ctx context.Context, rep *report, run int) (sideRes
 		"provider_requests": stats.Requests, "sender_loops": loops, "fetch_batch": batch,
 	}})
 	return sideResult{Rate: rate, PG: pg}, nil
-}
-
-// waitBareSent is waitSent for the bare table, failing as soon as a bare
-// goroutine does.
-func (b *bench) waitBareSent(ctx context.Context, e *env, tag string, n int, from time.Time, failed func() error) error {
-	show := throttle(time.Second)
-	return b.waitUntil(ctx, 100*time.Millisecond, func() (bool, error) {
-		if err := failed(); err != nil {
-			return false, err
-		}
-		st, err := e.stubStats(ctx)
-		if err != nil {
-			return false, err
-		}
-		if show() {
-			b.logf("[%s] %5.1fs  delivered %d of %d", tag, time.Since(from).Seconds(), st.Deliveries, n)
-		}
-		if st.Deliveries < int64(n) {
-			return false, nil
-		}
-		sent, err := b.countIn(ctx, bareTable, "sent")
-		return sent >= n, err
-	})
 }
 
 // goroutine is a function running in a goroutine of its own.

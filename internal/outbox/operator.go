@@ -284,3 +284,33 @@ func MaskPhone(e164 string) string {
 	}
 	return string(b)
 }
+
+// MiscountedAttempts counts the rows among ids (every row when ids is nil)
+// whose attempt_count is not the attempts that spent one: those the log
+// holds, 429s aside, and a first attempt that was sent, which
+// only its row records (the rule Attempts follows). A provider's rate limit
+// must never cost an attempt, so a healthy pipeline has none, rows an
+// operator replayed aside (their count starts again beside the older
+// records).
+func MiscountedAttempts(ctx context.Context, q Querier, ids []uuid.UUID) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT count(*) FROM sms_outbox o
+		WHERE ($1::uuid[] IS NULL OR o.id = ANY($1::uuid[]))
+		  AND o.attempt_count <>
+		      (SELECT count(*) FROM sms_attempts a WHERE a.outbox_id = o.id AND a.outcome <> 'rate_limited')
+		      + CASE WHEN o.sent_at IS NOT NULL AND o.publish_gen = 0 AND NOT EXISTS (SELECT 1 FROM sms_attempts a
+		                 WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
+		             THEN 1 ELSE 0 END`, idsOrNull(ids)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count miscounted attempts: %w", err)
+	}
+	return n, nil
+}
+
+// idsOrNull is ids for a uuid[] parameter, or SQL NULL when ids is nil.
+func idsOrNull(ids []uuid.UUID) any {
+	if ids == nil {
+		return nil
+	}
+	return uuidArray(ids)
+}

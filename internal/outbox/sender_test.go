@@ -604,6 +604,17 @@ func TestFirstSentAttemptComesFromTheRow(t *testing.T) {
 		t.Errorf("replayed, then sent: %s", got)
 	}
 
+	// The attempts that spent one add up to each row's count; a row
+	// charged for an attempt nobody made does not.
+	accounted := []uuid.UUID{once, limited, retried, unanswered}
+	if n, err := outbox.MiscountedAttempts(ctx, pool, accounted); err != nil || n != 0 {
+		t.Errorf("miscounted attempts = %d, %v; want 0", n, err)
+	}
+	exec(t, pool, `UPDATE sms_outbox SET attempt_count = 2 WHERE id = $1`, limited)
+	if n, err := outbox.MiscountedAttempts(ctx, pool, accounted); err != nil || n != 1 {
+		t.Errorf("miscounted attempts after a charge nobody made = %d, %v; want 1", n, err)
+	}
+
 	// Not sent: nothing.
 	pending := enqueue(t, pool, "+15551234571", "e")
 	if got := outcomes(pending); got != "" {
