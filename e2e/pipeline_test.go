@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
@@ -303,4 +304,22 @@ func TestAttemptsAreBounded(t *testing.T) {
 			e.checkOnce(ids, rows)
 		})
 	}
+}
+
+// A claim waits for busy slots only while attempts already running hold
+// them: a sender whose every slot is in its own batch claims at once, even
+// with a linger of an hour and messages waiting behind it.
+func TestClaimLingerNeverWaitsOnItsOwnBatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	e.startRelay(relay.Config{})
+	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 1, ClaimBatch: 4, ClaimLinger: time.Hour}})
+	ids := e.insert(20)
+	rows := e.waitTerminal(ids, time.Minute)
+	for _, id := range ids {
+		if rows[id].status != outbox.StatusSent {
+			t.Fatalf("row %s ended %s (%s), want sent", id, rows[id].status, rows[id].lastErr)
+		}
+	}
+	e.checkOnce(ids, rows)
 }

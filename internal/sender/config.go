@@ -19,6 +19,7 @@ import (
 const (
 	DefaultConcurrency     = 32
 	DefaultWriteBatch      = 256
+	DefaultClaimLinger     = 2 * time.Millisecond
 	DefaultRetryBase       = 500 * time.Millisecond
 	DefaultRetryCap        = 60 * time.Second
 	DefaultMaxNakDelay     = 30 * time.Second
@@ -50,6 +51,11 @@ type Config struct {
 	// ClaimBatch is the most messages claimed in one database round trip;
 	// default Concurrency.
 	ClaimBatch int
+	// ClaimLinger is how long a claim waits for busy slots to free up
+	// while messages wait, to claim them in one batch rather than a few at
+	// a time; default (zero) 2ms, and a negative value claims at once.
+	// With no message waiting a claim never waits.
+	ClaimLinger time.Duration
 	// WriteBatch is the most status writes committed together; default 256.
 	WriteBatch int
 	// Lease is how long a claimed row is held for its attempt, stamped in
@@ -117,6 +123,7 @@ func (c *Config) setDefaults() {
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.ClaimBatch = cmp.Or(c.ClaimBatch, c.Concurrency)
 	c.WriteBatch = cmp.Or(c.WriteBatch, DefaultWriteBatch)
+	c.ClaimLinger = cmp.Or(c.ClaimLinger, DefaultClaimLinger)
 	if c.Provider != nil {
 		c.Lease = cmp.Or(c.Lease, 2*c.Provider.Timeout()+5*time.Second)
 	}
