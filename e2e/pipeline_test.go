@@ -323,3 +323,20 @@ func TestClaimLingerNeverWaitsOnItsOwnBatch(t *testing.T) {
 	}
 	e.checkOnce(ids, rows)
 }
+
+// A status write waits for outcomes only while attempts are running: the
+// last outcome of a burst is written at once, even with a linger of an hour.
+func TestWriteLingerNeverWaitsWithNoAttemptRunning(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	e.startRelay(relay.Config{})
+	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 4, WriteLinger: time.Hour}})
+	ids := e.insert(20)
+	rows := e.waitTerminal(ids, time.Minute)
+	for _, id := range ids {
+		if rows[id].status != outbox.StatusSent {
+			t.Fatalf("row %s ended %s (%s), want sent", id, rows[id].status, rows[id].lastErr)
+		}
+	}
+	e.checkOnce(ids, rows)
+}

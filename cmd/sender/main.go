@@ -32,6 +32,7 @@ type config struct {
 	provider     provider.Settings
 	concurrency  int
 	claimLinger  time.Duration
+	writeLinger  time.Duration
 	lease        time.Duration
 	retryBase    time.Duration
 	retryCap     time.Duration
@@ -47,6 +48,7 @@ func bind(s *envflag.Set, c *config) {
 	provider.BindSettings(s, &c.provider)
 	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight")
 	s.Duration(&c.claimLinger, "claim-linger", "SENDER_CLAIM_LINGER", sender.DefaultClaimLinger, 0, time.Second, "how long a claim waits for busy slots while messages wait, to claim them in one batch (0: claim at once)")
+	s.Duration(&c.writeLinger, "write-linger", "SENDER_WRITE_LINGER", sender.DefaultWriteLinger, 0, time.Second, "how long a status write waits for the outcomes of calls still running, to commit them together (0: write at once)")
 	s.Duration(&c.lease, "lease", "SENDER_LEASE", 0, 0, time.Hour, "how long a claimed row is held for its attempt (0: 2*SMS_API_TIMEOUT+5s)")
 	s.Duration(&c.retryBase, "retry-base", "RETRY_BASE", 500*time.Millisecond, time.Millisecond, time.Hour, "backoff base: delay ~ U(0, min(cap, base*2^attempt))")
 	s.Duration(&c.retryCap, "retry-cap", "RETRY_CAP", 60*time.Second, time.Millisecond, 24*time.Hour, "backoff cap")
@@ -146,8 +148,8 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	}
 	snd, err = sender.New(sender.Config{
 		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Concurrency: c.concurrency,
-		ClaimLinger: cmp.Or(c.claimLinger, -1),
-		Lease:       c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
+		ClaimLinger: cmp.Or(c.claimLinger, -1), WriteLinger: cmp.Or(c.writeLinger, -1),
+		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,
 		LookupSettle: c.provider.LookupSettle, LookupBudget: c.lookupBudget, Flow: lim, Logger: root, Registerer: reg,
 	})

@@ -143,6 +143,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 			OutboxID: c.ID, Reason: v.reason, Error: v.errText, ProviderCode: out.Code, Idempotency: idem,
 		}
 	}
+	s.calling.Add(-1)
 	results <- res
 	return called
 }

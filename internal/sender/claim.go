@@ -178,6 +178,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		switch c.Result {
 		case outbox.Claimed, outbox.ClaimedStale:
 			workers.Add(1)
+			s.calling.Add(1)
 			go func() {
 				defer workers.Done()
 				defer func() { <-slots }()

@@ -20,6 +20,7 @@ const (
 	DefaultConcurrency     = 32
 	DefaultWriteBatch      = 256
 	DefaultClaimLinger     = 2 * time.Millisecond
+	DefaultWriteLinger     = 2 * time.Millisecond
 	DefaultRetryBase       = 500 * time.Millisecond
 	DefaultRetryCap        = 60 * time.Second
 	DefaultMaxNakDelay     = 30 * time.Second
@@ -58,6 +59,11 @@ type Config struct {
 	ClaimLinger time.Duration
 	// WriteBatch is the most status writes committed together; default 256.
 	WriteBatch int
+	// WriteLinger is how long a status write waits for the outcomes of
+	// attempts still running, to commit them together; default (zero)
+	// 2ms, a negative value writes at once. With no attempt running a write
+	// never waits.
+	WriteLinger time.Duration
 	// Lease is how long a claimed row is held for its attempt, stamped in
 	// the row by the database clock: a claim that finds a row sending under
 	// a live lease backs off, one that finds the lease run out takes over.
@@ -124,6 +130,7 @@ func (c *Config) setDefaults() {
 	c.ClaimBatch = cmp.Or(c.ClaimBatch, c.Concurrency)
 	c.WriteBatch = cmp.Or(c.WriteBatch, DefaultWriteBatch)
 	c.ClaimLinger = cmp.Or(c.ClaimLinger, DefaultClaimLinger)
+	c.WriteLinger = cmp.Or(c.WriteLinger, DefaultWriteLinger)
 	if c.Provider != nil {
 		c.Lease = cmp.Or(c.Lease, 2*c.Provider.Timeout()+5*time.Second)
 	}

@@ -77,8 +77,11 @@ type Sender struct {
 	// heartbeat is the InProgress interval that holds a message.
 	heartbeat time.Duration
 	// lanes are the priority lanes being consumed (set by Run).
-	lanes  atomic.Pointer[lanes]
-	health health // progress for Ready (health.go)
+	lanes atomic.Pointer[lanes]
+	// calling counts the attempts started and not yet decided: outcomes
+	// on their way, which a status write may wait for (WriteLinger).
+	calling atomic.Int32
+	health  health // progress for Ready (health.go)
 }
 
 // New returns a Sender, or an error naming the invalid setting.

@@ -24,6 +24,7 @@ func (s *Sender) writeLoop(hold context.Context, results <-chan result) (unwritt
 			return unwritten
 		}
 		batch = append(batch[:0], r)
+		var linger *time.Timer
 	more:
 		for len(batch) < s.cfg.WriteBatch {
 			select {
@@ -32,9 +33,30 @@ func (s *Sender) writeLoop(hold context.Context, results <-chan result) (unwritt
 					break more
 				}
 				batch = append(batch, r)
+				continue
 			default:
+			}
+			// Attempts still running will bring their outcomes within
+			// a provider call: a busy sender waits up to WriteLinger for
+			// them, to commit them together.
+			if s.cfg.WriteLinger <= 0 || s.calling.Load() == 0 {
 				break more
 			}
+			if linger == nil {
+				linger = time.NewTimer(s.cfg.WriteLinger)
+			}
+			select {
+			case r, ok := <-results:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			case <-linger.C:
+				break more
+			}
+		}
+		if linger != nil {
+			linger.Stop()
 		}
 		written, ok := s.writeStatuses(hold, batch)
 		if !ok {
