@@ -12,7 +12,9 @@ import (
 
 // applySends must write exactly what applyRound writes for plain sends,
 // whatever state it finds a row in: each state is set up twice, one copy
-// written each way, and the rows and the answers compared column by column.
+// written each way, and the rows and the answers compared column by column
+// (the clock's stamps by whether they moved: every row starts stamped in
+// the past).
 func TestApplySendsWritesWhatApplyRoundWrites(t *testing.T) {
 	pool, _ := pgtest.NewPool(t)
 	ctx := context.Background()
@@ -28,16 +30,20 @@ func TestApplySendsWritesWhatApplyRoundWrites(t *testing.T) {
 		{`status = 'delivered', provider_ref = 'msg_old', sent_at = now()`, "msg_7"},
 		{`status = 'dead', end_reason = 'permanent', last_error = 'rejected'`, "msg_8"},
 		{`status = 'queued', provider_ref = 'msg_kept', publish_gen = 3`, ""},
+		{`status = 'unknown', end_reason = 'ambiguous', last_error = 'no answer'`, "msg_10"},
+		{`status = 'undelivered', provider_ref = 'msg_old', sent_at = now() - interval '1 hour'`, "msg_11"},
 	}
 	var general, fast []Result
 	for i, st := range states {
 		for _, into := range []*[]Result{&general, &fast} {
 			id := uuid.New()
-			if _, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, next_attempt_at)
-				VALUES ($1, '+15550000001', 'hi', '2026-01-01T00:00:00Z')`, id); err != nil {
+			// Stamped in the past, so that a write that forgets
+			// updated_at shows.
+			if _, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, next_attempt_at, created_at, updated_at)
+				VALUES ($1, '+15550000001', 'hi', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')`, id); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET `+st.set+` WHERE id = $1`, id); err != nil {
+			if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET `+st.set+`, updated_at = '2026-01-01T00:00:00Z' WHERE id = $1`, id); err != nil {
 				t.Fatalf("state %d: %v", i, err)
 			}
 			*into = append(*into, Result{ID: id, Status: StatusSent, ProviderRef: st.ref, Token: uuid.New()})
