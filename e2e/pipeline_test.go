@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
@@ -313,7 +314,8 @@ func TestClaimLingerNeverWaitsOnItsOwnBatch(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{})
 	e.startRelay(relay.Config{})
-	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 1, ClaimBatch: 4, ClaimLinger: time.Hour}})
+	reg := prometheus.NewRegistry()
+	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 1, ClaimBatch: 4, ClaimLinger: time.Hour, Registerer: reg}})
 	ids := e.insert(20)
 	rows := e.waitTerminal(ids, time.Minute)
 	for _, id := range ids {
@@ -322,6 +324,35 @@ func TestClaimLingerNeverWaitsOnItsOwnBatch(t *testing.T) {
 		}
 	}
 	e.checkOnce(ids, rows)
+	// One slot: every claim held one row, and each row was claimed once.
+	count, sum := batchRows(t, reg, "claim")
+	if count != 20 || sum != 20 {
+		t.Fatalf("claims: %d holding %v rows, want 20 holding 20", count, sum)
+	}
+}
+
+// batchRows returns how many batches sendonce_sender_batch_rows counted for
+// op, and their rows.
+func batchRows(t *testing.T, reg *prometheus.Registry, op string) (uint64, float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sendonce_sender_batch_rows" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "op" && l.GetValue() == op {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	t.Fatalf("no sendonce_sender_batch_rows{op=%q}", op)
+	return 0, 0
 }
 
 // A status write waits for outcomes only while attempts are running: the
@@ -330,7 +361,8 @@ func TestWriteLingerNeverWaitsWithNoAttemptRunning(t *testing.T) {
 	t.Parallel()
 	e := setup(t, envOptions{})
 	e.startRelay(relay.Config{})
-	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 4, WriteLinger: time.Hour}})
+	reg := prometheus.NewRegistry()
+	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 4, WriteLinger: time.Hour, Registerer: reg}})
 	ids := e.insert(20)
 	rows := e.waitTerminal(ids, time.Minute)
 	for _, id := range ids {
@@ -339,4 +371,8 @@ func TestWriteLingerNeverWaitsWithNoAttemptRunning(t *testing.T) {
 		}
 	}
 	e.checkOnce(ids, rows)
+	// Each row's outcome was written once, in however many writes.
+	if count, sum := batchRows(t, reg, "status_write"); count < 1 || count > 20 || sum != 20 {
+		t.Fatalf("status writes: %d holding %v rows, want 1 to 20 holding 20", count, sum)
+	}
 }

@@ -20,6 +20,7 @@ type metrics struct {
 	dlqRetries      prometheus.Counter
 	laneTaken       *prometheus.CounterVec
 	lookups         *prometheus.CounterVec
+	batchRows       *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -80,6 +81,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_lookups_total",
 			Help: "Lookups of earlier attempts at a provider without idempotency, by result: found (settled from the provider's record), none (never accepted; sent again), several (sent more than once; unknown), failed (asked again later).",
 		}, []string{"result"}),
+		batchRows: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sendonce_sender_batch_rows",
+			Help:    "Rows in each claim and each status write (op claim, status_write): how well a busy sender batches (SENDER_CLAIM_LINGER, SENDER_WRITE_LINGER).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}, []string{"op"}),
 	}
 	// Every series exists from the start at 0, so that rate() and
 	// increase() see the first event of a kind.
@@ -94,6 +100,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, op := range []string{"claim", "status_write"} {
 		m.dbRetries.WithLabelValues(op)
+		m.batchRows.WithLabelValues(op)
 	}
 	for _, l := range []string{"urgent", "normal", "bulk"} {
 		m.laneTaken.WithLabelValues(l)
@@ -102,7 +109,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.lookups.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}
