@@ -354,7 +354,10 @@ func (e *env) startReceiver() string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.background("receiver", func(ctx context.Context) error { return rv.Serve(ctx, ln, 5*time.Second) })
+	// The shutdown bound outlasts the write deadline (10s), as the
+	// command's does (30s): a receipt in flight when the test ends may
+	// wait that long for its write, and is answered by then.
+	e.background("receiver", func(ctx context.Context) error { return rv.Serve(ctx, ln, 15*time.Second) })
 	return "http://" + ln.Addr().String()
 }
 
