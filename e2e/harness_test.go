@@ -299,6 +299,19 @@ func (e *env) waitTerminal(ids []uuid.UUID, d time.Duration) map[uuid.UUID]row {
 	}
 }
 
+// waitAllSent waits up to d for ids to finish, fails the test unless every
+// one ended sent, and checks each was sent exactly once.
+func (e *env) waitAllSent(ids []uuid.UUID, d time.Duration) {
+	e.t.Helper()
+	rows := e.waitTerminal(ids, d)
+	for _, id := range ids {
+		if rows[id].status != outbox.StatusSent {
+			e.t.Fatalf("row %s ended %s (%s), want sent", id, rows[id].status, rows[id].lastErr)
+		}
+	}
+	e.checkOnce(ids, rows)
+}
+
 // checkOnce asserts I1 for ids: a sent row was delivered exactly once, under
 // its own id as the key, and its provider_ref is the stub's id; no other row
 // was delivered more than once; and a dead row was not delivered at all

@@ -29,13 +29,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	e.startSender(senderOptions{})
 	e.startSender(senderOptions{})
 	ids := e.insert(1000)
-	rows := e.waitTerminal(ids, 2*time.Minute)
-	for _, id := range ids {
-		if rows[id].status != outbox.StatusSent {
-			t.Fatalf("row %s ended %s (%s), want sent", id, rows[id].status, rows[id].lastErr)
-		}
-	}
-	e.checkOnce(ids, rows)
+	e.waitAllSent(ids, 2*time.Minute)
 	if got := len(e.stub.Deliveries()); got != len(ids) {
 		t.Fatalf("provider saw %d keys, want %d", got, len(ids))
 	}
@@ -317,13 +311,7 @@ func TestClaimLingerNeverWaitsOnItsOwnBatch(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 1, ClaimBatch: 4, ClaimLinger: time.Hour, Registerer: reg}})
 	ids := e.insert(20)
-	rows := e.waitTerminal(ids, time.Minute)
-	for _, id := range ids {
-		if rows[id].status != outbox.StatusSent {
-			t.Fatalf("row %s ended %s (%s), want sent", id, rows[id].status, rows[id].lastErr)
-		}
-	}
-	e.checkOnce(ids, rows)
+	e.waitAllSent(ids, time.Minute)
 	// One slot: every claim held one row, and each row was claimed once.
 	count, sum := batchRows(t, reg, "claim")
 	if count != 20 || sum != 20 {
@@ -364,13 +352,7 @@ func TestWriteLingerNeverWaitsWithNoAttemptRunning(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 4, WriteLinger: time.Hour, Registerer: reg}})
 	ids := e.insert(20)
-	rows := e.waitTerminal(ids, time.Minute)
-	for _, id := range ids {
-		if rows[id].status != outbox.StatusSent {
-			t.Fatalf("row %s ended %s (%s), want sent", id, rows[id].status, rows[id].lastErr)
-		}
-	}
-	e.checkOnce(ids, rows)
+	e.waitAllSent(ids, time.Minute)
 	// Each row's outcome was written once, in however many writes.
 	if count, sum := batchRows(t, reg, "status_write"); count < 1 || count > 20 || sum != 20 {
 		t.Fatalf("status writes: %d holding %v rows, want 1 to 20 holding 20", count, sum)

@@ -406,17 +406,7 @@ WHERE o.id = v.id
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
 		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc)
-	var (
-		id       uuid.UUID
-		gen      int32
-		attempts int32
-		reason   string
-	)
-	_, err := pgx.ForEachRow(rows, []any{&id, &gen, &attempts, &reason}, func() error {
-		written[id] = Written{Gen: gen, Attempts: int(attempts), Reason: reason}
-		return nil
-	})
-	if err != nil {
+	if err := collectWritten(rows, written); err != nil {
 		return fmt.Errorf("outbox: write results: %w", err)
 	}
 	return nil
@@ -455,6 +445,15 @@ SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref),
 FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) JOIN locked USING (id)
 WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown')
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`, ids, refs)
+	if err := collectWritten(rows, written); err != nil {
+		return fmt.Errorf("outbox: write sends: %w", err)
+	}
+	return nil
+}
+
+// collectWritten reads a status write's RETURNING (id, publish_gen,
+// attempt_count, end_reason) into written.
+func collectWritten(rows pgx.Rows, written map[uuid.UUID]Written) error {
 	var (
 		id       uuid.UUID
 		gen      int32
@@ -465,10 +464,7 @@ RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`, ids
 		written[id] = Written{Gen: gen, Attempts: int(attempts), Reason: reason}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("outbox: write sends: %w", err)
-	}
-	return nil
+	return err
 }
 
 func compareUUID(a, b uuid.UUID) int {

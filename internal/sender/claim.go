@@ -154,7 +154,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 	if len(ids) == 0 {
 		return
 	}
-	s.metrics.batchRows.WithLabelValues("claim").Observe(float64(len(ids)))
+	s.metrics.claimRows.Observe(float64(len(ids)))
 	claims, ok := s.claim(hold, ids)
 	if !ok {
 		// Given up at shutdown without an answer: whether the claim took

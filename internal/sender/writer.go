@@ -124,7 +124,7 @@ func (s *Sender) writeStatuses(hold context.Context, batch []result) (map[uuid.U
 	if len(rows) == 0 && len(attempts) == 0 {
 		return nil, true
 	}
-	s.metrics.batchRows.WithLabelValues("status_write").Observe(float64(len(rows)))
+	s.metrics.writeRows.Observe(float64(len(rows)))
 	for failures := 0; ; {
 		var written map[uuid.UUID]outbox.Written
 		ctx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
