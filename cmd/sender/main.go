@@ -123,7 +123,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	defer tel.Stop()
 	conns, err := service.Open(ctx, c.Settings, service.Options{
 		// One connection per claim and status-write loop, plus headroom.
-		Telemetry: tel, Name: "sendonce-sender", MinConns: 8,
+		Telemetry: tel, Name: "sendonce-sender", MinConns: 8, GenericPlans: true,
 	}, log)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -187,6 +187,11 @@ type Options struct {
 	Name string
 	// MinConns is the least size of the Postgres pool.
 	MinConns int32
+	// GenericPlans lets the pool's connections reuse generic plans once
+	// sms_outbox is large enough (outbox.AllowGenericPlans): for the
+	// senders, whose small batches would otherwise spend most of their
+	// Postgres time planning.
+	GenericPlans bool
 	// PublishWindow and PublishAckTimeout bound asynchronous publications
 	// (the relay's); zero leaves the library's defaults.
 	PublishWindow     int
@@ -257,6 +262,9 @@ func OpenDatabase(ctx context.Context, databaseURL string, o Options, log *slog.
 		return nil, errUnparsable
 	}
 	poolCfg.MaxConns = max(poolCfg.MaxConns, o.MinConns)
+	if o.GenericPlans {
+		outbox.AllowGenericPlans(poolCfg)
+	}
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
