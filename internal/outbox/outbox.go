@@ -10,6 +10,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -96,45 +97,91 @@ func PoolConfig(dsn string) (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
-// GenericPlansMinBytes is the least size of sms_outbox's heap at which a
-// connection of AllowGenericPlans may reuse generic plans: 128 pages. A
-// generic plan of the senders' statements finds rows through the primary
-// key from about 50 pages up (measured with EXPLAIN EXECUTE at 1,100 rows
-// of 370 bytes, analyzed or not) and scans the table below that.
-const GenericPlansMinBytes = 1 << 20
+// GenericPlansMinPages is the least size of sms_outbox, in 8 KiB pages
+// (1 MiB), at which a connection of AllowGenericPlans may reuse generic
+// plans. A generic plan of the senders' statements finds rows through the
+// primary key from about 50 pages up (measured with EXPLAIN EXECUTE at 1,100
+// rows of 370 bytes, analyzed or not) and scans the table below that.
+const GenericPlansMinPages = 128
+
+// DefaultPlanRecheck is how often AllowGenericPlans checks a busy
+// connection's choice again by default.
+const DefaultPlanRecheck = 10 * time.Second
 
 // AllowGenericPlans lets each connection of cfg reuse a generic plan of a
-// prepared statement once Postgres finds it no costlier than planning for
-// the parameters (plan_cache_mode=auto), when sms_outbox holds at least
-// GenericPlansMinBytes as the connection opens; otherwise the connection
-// keeps PoolConfig's custom plans. A DSN that sets plan_cache_mode is left
-// alone.
+// prepared statement when Postgres finds it no costlier than planning for
+// the parameters (plan_cache_mode=auto), while sms_outbox holds at least
+// GenericPlansMinPages; otherwise the connection keeps PoolConfig's custom
+// plans. The size is read when a connection opens and again when it is
+// acquired once recheck (0: DefaultPlanRecheck) has passed since. A DSN
+// that sets the plan_cache_mode parameter is left alone.
 //
 // Planning is most of the Postgres work of a small batch's claim or status
-// write. A generic plan is made once, on the table as it is then, and kept
-// until the table's statistics change: made on a nearly empty table it scans
-// the whole table on every execution. The size check keeps plans from being
-// made on a small table; on a table that shrinks later, an index plan stays
-// cheap, and connections are replaced within MaxConnLifetime.
-func AllowGenericPlans(cfg *pgxpool.Config) {
+// write. A generic plan is made on the table as it is then, and made again
+// whenever the table's statistics or storage change: made on a nearly
+// empty table it scans the whole table on every execution until then. So a
+// connection uses generic plans only while the table is large: one whose
+// table shrank (a retention purge and a vacuum, a truncation) goes back to
+// custom plans within recheck, and one that goes back to generic plans
+// drops every plan it cached, which may have been made on the small table.
+//
+// The size is pg_class.relpages, which takes no lock (a migration waiting
+// for its lock does not hold up a connection) and lags the table: it is
+// brought up to date by vacuum and analyze, and to zero by a truncation,
+// so a table that grew since is still read as small, the safe side.
+func AllowGenericPlans(cfg *pgxpool.Config, recheck time.Duration) {
 	if dsn, err := pgxpool.ParseConfig(cfg.ConnString()); err != nil || dsn.ConnConfig.RuntimeParams["plan_cache_mode"] != "" {
 		return
 	}
-	next := cfg.AfterConnect
+	recheck = cmp.Or(recheck, DefaultPlanRecheck)
+	afterConnect, prepare := cfg.AfterConnect, cfg.PrepareConn
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		if next != nil {
-			if err := next(ctx, conn); err != nil {
+		if afterConnect != nil {
+			if err := afterConnect(ctx, conn); err != nil {
 				return err
 			}
 		}
-		// One round trip; to_regclass leaves a database without the
-		// table (yet) on custom plans.
-		_, err := conn.Exec(ctx, `SELECT set_config('plan_cache_mode',
-			CASE WHEN coalesce(pg_relation_size(to_regclass('sms_outbox')), 0) >= $1 THEN 'auto' ELSE 'force_custom_plan' END,
-			false)`, int64(GenericPlansMinBytes))
-		if err != nil {
-			return fmt.Errorf("outbox: choose plan_cache_mode: %w", err)
-		}
-		return nil
+		return choosePlans(ctx, conn)
 	}
+	cfg.PrepareConn = func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		if prepare != nil {
+			if ok, err := prepare(ctx, conn); !ok || err != nil {
+				return ok, err
+			}
+		}
+		if at, _ := conn.PgConn().CustomData()[plansCheckedKey].(time.Time); time.Since(at) < recheck {
+			return true, nil
+		}
+		// A failed check leaves the connection as it was; a broken
+		// connection fails the query that follows.
+		_ = choosePlans(ctx, conn)
+		return true, nil
+	}
+}
+
+// plansCheckedKey and plansModeKey hold, in a connection's custom data,
+// when choosePlans last ran on it and what it chose.
+const (
+	plansCheckedKey = "sendonce.plans_checked"
+	plansModeKey    = "sendonce.plans_mode"
+)
+
+// choosePlans sets conn's plan_cache_mode from sms_outbox's size, and drops
+// the plans conn cached when it turns to generic plans.
+func choosePlans(ctx context.Context, conn *pgx.Conn) error {
+	var mode string
+	err := conn.QueryRow(ctx, `SELECT set_config('plan_cache_mode',
+		CASE WHEN coalesce((SELECT relpages FROM pg_class WHERE oid = to_regclass('sms_outbox')), 0) >= $1
+		     THEN 'auto' ELSE 'force_custom_plan' END, false)`, GenericPlansMinPages).Scan(&mode)
+	if err != nil {
+		return fmt.Errorf("outbox: choose plan_cache_mode: %w", err)
+	}
+	data := conn.PgConn().CustomData()
+	if mode == "auto" && data[plansModeKey] != "auto" {
+		if _, err := conn.Exec(ctx, `DISCARD PLANS`); err != nil {
+			return fmt.Errorf("outbox: discard plans: %w", err)
+		}
+	}
+	data[plansModeKey], data[plansCheckedKey] = mode, time.Now()
+	return nil
 }

@@ -14,32 +14,56 @@ import (
 	"github.com/sendonce/sendonce/internal/pgtest"
 )
 
-// planConn opens a one-connection pool on url with AllowGenericPlans, as a
-// sender's, and returns its connection and its plan_cache_mode.
-func planConn(t *testing.T, url string) (*pgxpool.Conn, string) {
+// planPool opens a one-connection pool on url with AllowGenericPlans, as a
+// sender's, checking the table's size again after recheck.
+func planPool(t *testing.T, url string, recheck time.Duration) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
 	cfg, err := outbox.PoolConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	outbox.AllowGenericPlans(cfg)
+	outbox.AllowGenericPlans(cfg, recheck)
 	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return pool
+}
+
+// acquire returns pool's connection and its plan_cache_mode.
+func acquire(t *testing.T, pool *pgxpool.Pool) (*pgxpool.Conn, string) {
+	t.Helper()
+	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(conn.Release)
 	var mode string
 	if err := conn.QueryRow(ctx, `SHOW plan_cache_mode`).Scan(&mode); err != nil {
+		conn.Release()
 		t.Fatal(err)
 	}
 	return conn, mode
+}
+
+// planConn is a connection of a new planPool and its plan_cache_mode.
+func planConn(t *testing.T, url string) (*pgxpool.Conn, string) {
+	t.Helper()
+	conn, mode := acquire(t, planPool(t, url, time.Hour))
+	t.Cleanup(conn.Release)
+	return conn, mode
+}
+
+// pages returns sms_outbox's size as the planner last recorded it.
+func pages(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT relpages FROM pg_class WHERE oid = 'sms_outbox'::regclass`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // claimPlans runs the senders' claim of ids ten times on conn (Postgres
@@ -108,24 +132,46 @@ func TestGenericPlansOnlyOnALargeTable(t *testing.T) {
 	conn.Release()
 
 	large := pgtest.LoadRows(t, pool, 6000, "queued")
-	var size int64
-	if err := pool.QueryRow(context.Background(), `SELECT pg_relation_size('sms_outbox')`).Scan(&size); err != nil {
-		t.Fatal(err)
-	}
-	if size < outbox.GenericPlansMinBytes {
-		t.Fatalf("6,000 rows take %d bytes, below %d", size, outbox.GenericPlansMinBytes)
+	if n := pages(t, pool); n < outbox.GenericPlansMinPages {
+		t.Fatalf("6,000 rows take %d pages, below %d", n, outbox.GenericPlansMinPages)
 	}
 	conn, mode = planConn(t, url)
 	if mode != "auto" {
-		t.Fatalf("plan_cache_mode %q on a %d-byte table, want auto", mode, size)
+		t.Fatalf("plan_cache_mode %q on a %d-page table, want auto", mode, pages(t, pool))
 	}
 	generic, plan = claimPlans(t, conn, large[:20])
 	if generic == 0 {
 		t.Fatal("no generic plan of the claim in ten executions on a large table")
 	}
-	if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "sms_outbox_pkey") {
-		t.Fatalf("the generic plan of the claim on a large table does not go through the primary key:\n%s", plan)
+	// The batch's rows are found through the primary key (Index Cond),
+	// not by reading all of it (Filter) or the table.
+	if strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Filter: (id = ANY") || !strings.Contains(plan, "Index Cond: (id = ANY") {
+		t.Fatalf("the generic plan of the claim on a large table does not find the batch through the primary key:\n%s", plan)
 	}
+}
+
+// A connection goes back to custom plans once the table has shrunk, and to
+// generic plans once it has grown again, at its first acquisition after
+// the recheck interval.
+func TestGenericPlansFollowTheTablesSize(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewPool(t)
+	pgtest.LoadRows(t, pool, 6000, "queued")
+	plans := planPool(t, url, 10*time.Millisecond)
+	want := func(step, mode string) {
+		t.Helper()
+		time.Sleep(20 * time.Millisecond)
+		conn, got := acquire(t, plans)
+		conn.Release()
+		if got != mode {
+			t.Fatalf("%s (%d pages): plan_cache_mode %q, want %q", step, pages(t, pool), got, mode)
+		}
+	}
+	want("large table", "auto")
+	pgtest.LoadRows(t, pool, 20, "queued")
+	want("after a truncation to 20 rows", "force_custom_plan")
+	pgtest.LoadRows(t, pool, 6000, "queued")
+	want("grown again", "auto")
 }
 
 // A DSN that sets plan_cache_mode keeps it, whatever the table's size.

@@ -263,7 +263,7 @@ func OpenDatabase(ctx context.Context, databaseURL string, o Options, log *slog.
 	}
 	poolCfg.MaxConns = max(poolCfg.MaxConns, o.MinConns)
 	if o.GenericPlans {
-		outbox.AllowGenericPlans(poolCfg)
+		outbox.AllowGenericPlans(poolCfg, 0)
 	}
 	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
 	if err != nil {
