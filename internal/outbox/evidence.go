@@ -270,9 +270,12 @@ func insertLookups(ctx context.Context, tx pgx.Tx, results []Result, again bool)
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[])
 			AS v(id, result, ref, detail, at, source)`
 	if again {
+		// One index lookup per answer, as for receipts (applyReceiptsSQL).
 		sql += `
-		WHERE NOT EXISTS (SELECT 1 FROM sms_evidence e
-			WHERE e.outbox_id = v.id AND e.kind = 'lookup' AND e.received_at = v.at)`
+		LEFT JOIN LATERAL (SELECT true AS dup FROM sms_evidence e
+			WHERE e.outbox_id = v.id AND e.kind = 'lookup' AND e.received_at = v.at
+			LIMIT 1) seen ON true
+		WHERE seen.dup IS NULL`
 	}
 	if _, err := tx.Exec(ctx, sql, uuidArray(ids), outcome, refs, details, at, sources); err != nil {
 		return fmt.Errorf("outbox: record lookups: %w", err)

@@ -591,12 +591,16 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 	}
 	sql := `INSERT INTO sms_attempts
 		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
-		SELECT * FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
-		                     $6::int[], $7::int[], $8::text[], $9::text[])`
+		SELECT v.* FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
+		                       $6::int[], $7::int[], $8::text[], $9::text[]) AS v(outbox_id, attempt, started_at)`
 	if again {
-		sql += ` AS v(outbox_id, attempt, started_at)
-		WHERE NOT EXISTS (SELECT 1 FROM sms_attempts a
-			WHERE a.outbox_id = v.outbox_id AND a.attempt = v.attempt AND a.started_at = v.started_at)`
+		// One index lookup per record, as for receipts (applyReceiptsSQL):
+		// NOT EXISTS may be planned as a scan of the whole log.
+		sql += `
+		LEFT JOIN LATERAL (SELECT true AS dup FROM sms_attempts a
+			WHERE a.outbox_id = v.outbox_id AND a.attempt = v.attempt AND a.started_at = v.started_at
+			LIMIT 1) seen ON true
+		WHERE seen.dup IS NULL`
 	}
 	_, err := tx.Exec(ctx, sql, uuidArray(ids), numbers, started, latency, outcomes, statuses, codes, errs, senders)
 	if err != nil {
