@@ -91,22 +91,8 @@ func claimPlans(t *testing.T, conn *pgxpool.Conn, ids []uuid.UUID) (int64, strin
 	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := conn.Query(ctx, fmt.Sprintf(`EXPLAIN (COSTS OFF) EXECUTE %s('{%s}', '1 minute', '%s')`, name, ids[0], token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan strings.Builder
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return generic, plan.String()
+	plan := pgtest.Explain(t, conn, fmt.Sprintf(`EXECUTE %s('{%s}', '1 minute', '%s')`, name, ids[0], token))
+	return generic, plan
 }
 
 // A connection opened while sms_outbox is small keeps custom plans: a

@@ -37,23 +37,8 @@ func TestApplyReceiptsLooksUpEvidenceByIndex(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) `+applyReceiptsSQL,
-		uuidArray(ids[:n]), statuses, refs, codes, ats, sources)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan strings.Builder
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(plan.String(), "Seq Scan on sms_evidence") || !strings.Contains(plan.String(), "sms_evidence_outbox_idx") {
-		t.Fatalf("the receipts' duplicate probe does not use sms_evidence_outbox_idx:\n%s", plan.String())
+	plan := pgtest.Explain(t, conn, applyReceiptsSQL, uuidArray(ids[:n]), statuses, refs, codes, ats, sources)
+	if strings.Contains(plan, "Seq Scan on sms_evidence") || !strings.Contains(plan, "sms_evidence_outbox_idx") {
+		t.Fatalf("the receipts' duplicate probe does not use sms_evidence_outbox_idx:\n%s", plan)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,4 +203,21 @@ func AsRole(tb testing.TB, dsn, role string) string {
 	}
 	u.RawQuery += "options=-c%20role%3D" + role
 	return u.String()
+}
+
+// Explain returns the plan Postgres makes for sql with args on q, from
+// EXPLAIN (COSTS OFF), one line per plan line.
+func Explain(tb testing.TB, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string, args ...any) string {
+	tb.Helper()
+	rows, err := q.Query(context.Background(), `EXPLAIN (COSTS OFF) `+sql, args...)
+	if err != nil {
+		tb.Fatalf("pgtest: explain: %v", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		tb.Fatalf("pgtest: explain: %v", err)
+	}
+	return strings.Join(lines, "\n") + "\n"
 }
