@@ -24,7 +24,7 @@ const benchBacklog = 20_000
 func loadPendingForBench(b *testing.B, pool *pgxpool.Pool, n int) {
 	b.Helper()
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `TRUNCATE sms_attempts, sms_outbox`); err != nil {
+	if _, err := pool.Exec(ctx, `TRUNCATE sms_evidence, sms_attempts, sms_outbox`); err != nil {
 		b.Fatal(err)
 	}
 	i := 0

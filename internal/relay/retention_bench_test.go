@@ -85,7 +85,7 @@ func BenchmarkRetentionDeleteVsPartitionDrop(b *testing.B) {
 
 	for range b.N {
 		// --- DELETE-based purge, as shipped.
-		exec(`TRUNCATE sms_attempts, sms_outbox`)
+		exec(`TRUNCATE sms_evidence, sms_attempts, sms_outbox`)
 		took := load("sms_outbox", "sms_attempts", false)
 		b.Logf("delete: %d rows and %d attempts loaded in %s", rows, rows, took.Round(time.Second))
 		// Exactly the oldest day is older than this.
@@ -111,7 +111,7 @@ func BenchmarkRetentionDeleteVsPartitionDrop(b *testing.B) {
 		vacuumTook, vacuumWAL := time.Since(start), walSince(from)
 		b.Logf("delete: purged %d rows (one day of %d) in %s, %s of WAL, leaving %d dead row versions (each row and its attempt); the VACUUM of both tables after it took %s and %s of WAL",
 			purged, days, purgeTook.Round(time.Millisecond), mib(purgeWAL), 2*purged, vacuumTook.Round(time.Millisecond), mib(vacuumWAL))
-		exec(`TRUNCATE sms_attempts, sms_outbox`)
+		exec(`TRUNCATE sms_evidence, sms_attempts, sms_outbox`)
 
 		// --- The same rows in daily partitions; retire the oldest by
 		// dropping its partitions.
