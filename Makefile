@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 CMDS    := relay sender receiver smsstub demo soak bench
 
-.PHONY: build crash-build demo soak drill bench bench-retention console-bench test test-cluster docs vet clean fuzz
+.PHONY: build crash-build demo soak drill bench bench-retention console-bench bench-smoke test test-cluster docs vet clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
@@ -55,8 +55,16 @@ bench-retention:
 console-bench:
 	$(GO) test -run '^$$' -bench BenchmarkPages -benchtime 20x -timeout 30m ./internal/console/
 
-test:
+# test also runs every Go benchmark once on small data (bench-smoke), so
+# that a benchmark broken by a schema change fails here, not the day
+# someone needs its figures.
+test: bench-smoke
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+BENCH_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^func Benchmark' .)))
+bench-smoke:
+	SENDONCE_RETENTION_BENCH_ROWS=2000 SENDONCE_CONSOLE_ROWS=10000 \
+		$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(BENCH_PKGS)
 
 # docs: regenerate the settings tables of docs/configuration.md from the
 # programs' flag definitions (go test fails while they differ).
