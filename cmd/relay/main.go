@@ -75,6 +75,7 @@ type config struct {
 	workers       int
 	publishWindow int
 	pollInterval  time.Duration
+	linger        time.Duration
 	ackTimeout    time.Duration
 	reconcile     bool
 	reconcileInt  time.Duration
@@ -89,6 +90,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Int(&c.workers, "workers", "RELAY_WORKERS", relay.DefaultWorkers, 1, 64, "batches in flight at once, each in its own transaction")
 	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", relay.DefaultPublishWindow, 1, 65536, "publications awaiting their PubAck at once")
 	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification")
+	s.Duration(&c.linger, "linger", "RELAY_LINGER", relay.DefaultLinger, 0, time.Second, "how long notifications gather before the batch they start (0: a batch per notification)")
 	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", relay.DefaultAckTimeout, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks; rows not acknowledged stay pending")
 	s.Bool(&c.reconcile, "reconcile", "RECONCILE", true, "run the reconciler, which republishes or finalises rows stuck in queued or sending")
 	s.Duration(&c.reconcileInt, "reconcile-interval", "RECONCILE_INTERVAL", 30*time.Second, 10*time.Millisecond, time.Hour, "time between reconciler passes")
@@ -228,7 +230,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	reg.MustRegister(conns.Keeper)
 	r, err := relay.New(relay.Config{
 		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
-		PollInterval: c.pollInterval, AckTimeout: c.ackTimeout, DBTimeout: c.DBTimeout,
+		PollInterval: c.pollInterval, Linger: lingerSetting(c.linger), AckTimeout: c.ackTimeout, DBTimeout: c.DBTimeout,
 		Logger: root, Registerer: reg,
 	})
 	if err != nil {
@@ -296,4 +298,13 @@ func checkRetention(retention time.Duration, topo *streams.Topology) error {
 // withConn completes the bound NATS settings for an operator command.
 func withConn(c natsconn.Config, name string, publishWindow int, log *slog.Logger) natsconn.Config {
 	return service.NATSConfig(c, service.Options{Name: name, PublishWindow: publishWindow}, log)
+}
+
+// lingerSetting maps RELAY_LINGER to relay.Config.Linger, where zero means
+// the default: a setting of 0 asks for a batch at each notification.
+func lingerSetting(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -44,6 +45,7 @@ const (
 	DefaultPublishWindow = 1024
 	DefaultPollInterval  = time.Second
 	DefaultAckTimeout    = 10 * time.Second
+	DefaultLinger        = 20 * time.Millisecond
 )
 
 // Config configures a Relay.
@@ -68,6 +70,13 @@ type Config struct {
 	// PollInterval is how often the relay looks for rows without a
 	// notification: the fallback when a NOTIFY is lost; default 1s.
 	PollInterval time.Duration
+	// Linger is how long the relay lets notifications gather before the
+	// batch they start: every insert transaction notifies, and a batch
+	// per notification is a batch of one or two rows at a moderate rate,
+	// each paying whole statements and a commit. A backlog (a full batch)
+	// does not wait. Default 20ms; negative starts a batch at each
+	// notification.
+	Linger time.Duration
 	// AckTimeout bounds the wait for a batch's PubAcks; rows not acknowledged
 	// by then stay pending and are published again. Default 10s.
 	AckTimeout time.Duration
@@ -85,6 +94,7 @@ func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.PublishWindow = cmp.Or(c.PublishWindow, DefaultPublishWindow)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.Linger = cmp.Or(c.Linger, DefaultLinger)
 	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
 	c.DBTimeout = cmp.Or(c.DBTimeout, outbox.DefaultDBTimeout)
 	if c.Logger == nil {
@@ -106,6 +116,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("relay: PublishWindow %d must be at least 1", c.PublishWindow)
 	case c.PollInterval < 10*time.Millisecond:
 		return fmt.Errorf("relay: PollInterval %s is below 10ms", c.PollInterval)
+	case c.Linger > time.Second:
+		return fmt.Errorf("relay: Linger %s is above 1s", c.Linger)
 	case c.AckTimeout <= 0:
 		return fmt.Errorf("relay: AckTimeout %s must be positive", c.AckTimeout)
 	case c.DBTimeout <= 0:
@@ -367,11 +379,20 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	signal(wake) // rows may have arrived while not listening
+	// Notifications within Linger of the first start one batch.
+	var lingering atomic.Bool
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
-		signal(wake)
+		if r.cfg.Linger <= 0 {
+			signal(wake)
+		} else if lingering.CompareAndSwap(false, true) {
+			time.AfterFunc(r.cfg.Linger, func() {
+				lingering.Store(false)
+				signal(wake)
+			})
+		}
 	}
 }
 

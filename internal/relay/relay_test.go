@@ -259,6 +259,50 @@ func TestNotifyWakesRelay(t *testing.T) {
 	testkit.WaitFor(t, 20*time.Second, "row queued without polling", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
 }
 
+// Insert transactions that notify within the linger start one batch
+// between them, not one each: at a moderate rate a batch per notification
+// was a batch of one or two rows, each paying whole statements and a
+// commit.
+func TestNotificationsGatherIntoOneBatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	reg := prometheus.NewRegistry()
+	run(t, e.newRelay(t, relay.Config{PollInterval: time.Hour, Linger: time.Second, Registerer: reg}))
+	testkit.WaitFor(t, 20*time.Second, "the relay to LISTEN", func() bool {
+		var n int
+		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN sms_outbox'`).Scan(&n)
+		return err == nil && n == 1
+	})
+	time.Sleep(100 * time.Millisecond) // the wake-on-connect batch, empty
+	const n = 20
+	for range n {
+		e.insert(t, 1) // a transaction, a notification
+		time.Sleep(10 * time.Millisecond)
+	}
+	testkit.WaitFor(t, 20*time.Second, "rows queued", func() bool { return e.countStatus(t, outbox.StatusQueued) == n })
+	if batches := batchesWithRows(t, reg); batches > 2 {
+		t.Fatalf("%d notifications within the linger started %d batches, want 1 (2 if the first insert came as the linger ended)", n, batches)
+	}
+}
+
+// batchesWithRows reads how many batches claimed rows from the relay's
+// sendonce_relay_batch_rows histogram.
+func batchesWithRows(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "sendonce_relay_batch_rows" {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatal("no sendonce_relay_batch_rows metric")
+	return 0
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -270,6 +314,7 @@ func TestConfigValidation(t *testing.T) {
 		{Pool: e.pool, JetStream: e.js, PublishWindow: -5},
 		{Pool: e.pool, JetStream: e.js, Workers: -1},
 		{Pool: e.pool, JetStream: e.js, Workers: 65},
+		{Pool: e.pool, JetStream: e.js, Linger: 2 * time.Second},
 	}
 	for i, cfg := range bad {
 		if _, err := relay.New(cfg); err == nil {
