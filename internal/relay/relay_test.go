@@ -286,6 +286,51 @@ func TestNotificationsGatherIntoOneBatch(t *testing.T) {
 	}
 }
 
+// sendonce.notify = off, for the inserting session (or its role or
+// database), leaves the insert trigger's notification out: notifying
+// transactions commit one at a time, and a busy application may rather
+// have the relays poll.
+func TestNotifySettingOff(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	listener, err := pgx.ConnectConfig(ctx, e.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN "+relay.Channel); err != nil {
+		t.Fatal(err)
+	}
+	notified := func() bool {
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		_, err := listener.WaitForNotification(wctx)
+		return err == nil
+	}
+	insert := func(setting string) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('sendonce.notify', $1, true)`, setting); err != nil {
+				return err
+			}
+			_, err := outbox.Enqueue(ctx, tx, "+15550000001", "test message")
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert("off")
+	if notified() {
+		t.Fatal("an insert with sendonce.notify = off notified")
+	}
+	insert("")
+	if !notified() {
+		t.Fatal("an insert with sendonce.notify unset did not notify")
+	}
+}
+
 // batchesWithRows reads how many batches claimed rows from the relay's
 // sendonce_relay_batch_rows histogram.
 func batchesWithRows(t *testing.T, reg *prometheus.Registry) uint64 {
