@@ -242,16 +242,22 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 }
 
 // LISTEN wakes the relay long before its poll interval.
-func TestNotifyWakesRelay(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	run(t, e.newRelay(t, relay.Config{PollInterval: time.Hour}))
+// waitListening waits until a relay holds its LISTEN.
+func (e *env) waitListening(t *testing.T) {
+	t.Helper()
 	testkit.WaitFor(t, 20*time.Second, "the relay to LISTEN", func() bool {
 		var n int
 		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND query = 'LISTEN sms_outbox'`).Scan(&n)
 		return err == nil && n == 1
 	})
+}
+
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	run(t, e.newRelay(t, relay.Config{PollInterval: time.Hour}))
+	e.waitListening(t)
 	// Let the relay's first (empty) batch and its wake-on-connect pass, so
 	// only a notification can move the next row.
 	testkit.WaitFor(t, 20*time.Second, "an idle relay", func() bool { return e.countStatus(t, outbox.StatusPending) == 0 })
@@ -268,12 +274,7 @@ func TestNotificationsGatherIntoOneBatch(t *testing.T) {
 	e := setup(t)
 	reg := prometheus.NewRegistry()
 	run(t, e.newRelay(t, relay.Config{PollInterval: time.Hour, Linger: time.Second, Registerer: reg}))
-	testkit.WaitFor(t, 20*time.Second, "the relay to LISTEN", func() bool {
-		var n int
-		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query = 'LISTEN sms_outbox'`).Scan(&n)
-		return err == nil && n == 1
-	})
+	e.waitListening(t)
 	time.Sleep(100 * time.Millisecond) // the wake-on-connect batch, empty
 	const n = 20
 	for range n {
