@@ -34,10 +34,9 @@ func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64,
 const (
 	// oldestPendingSQL reads the first entry of each priority (the check
 	// on the column allows 1 to 3) in the pending index, which is ordered
-	// by priority first: a plain
-	// min(created_at) over the pending rows reads every one of them (40 ms
-	// on 50,000 pending rows, every measurement, as the backlog it
-	// measures grows).
+	// by priority first: a plain min(created_at) over the pending rows
+	// reads every one of them (40 ms on 50,000 pending rows, every
+	// measurement, as the backlog it measures grows).
 	oldestPendingSQL = `SELECT extract(epoch FROM now() - min(oldest.created_at))
 		FROM generate_series(1, 3) AS lane(priority)
 		CROSS JOIN LATERAL (SELECT created_at FROM sms_outbox

@@ -241,7 +241,6 @@ func TestRelaySurvivesBrokerRestart(t *testing.T) {
 	}
 }
 
-// LISTEN wakes the relay long before its poll interval.
 // waitListening waits until a relay holds its LISTEN.
 func (e *env) waitListening(t *testing.T) {
 	t.Helper()
@@ -253,6 +252,7 @@ func (e *env) waitListening(t *testing.T) {
 	})
 }
 
+// LISTEN wakes the relay long before its poll interval.
 func TestNotifyWakesRelay(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
