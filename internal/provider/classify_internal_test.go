@@ -314,7 +314,11 @@ func FuzzClassifyBody(f *testing.F) {
 			want = Sent
 		case o.Code != 0 && slices.Contains(c.permanent, o.Code):
 			want = Permanent
-		case status == 408 || status == 409 || status == 425 || status == 429:
+		case status == 429:
+			want = Retry
+		case (status == 408 || status == 409 || status == 425) && !idempotent:
+			want = Ambiguous
+		case status == 408 || status == 409 || status == 425:
 			want = Retry
 		case status >= 500 && idempotent:
 			want = Retry

@@ -315,12 +315,19 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 		o.Kind = Retry
 		o.After = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter)
 	case status == 408 || status == 409 || status == 425:
-		// The request was not processed (timeout before processing, key
-		// in flight, too early): retrying with the same key is safe. A 409
-		// says another request with this key is being processed: that one
-		// may be taken.
+		// At a provider that honours the key these say the request was not
+		// processed (a timeout before processing, the key in flight, too
+		// early): retrying with the same key is safe. A 409 says another
+		// request with this key is being processed: that one may be taken.
+		// A provider that ignores keys promises nothing of the kind: a
+		// proxy's 408 or a 409 may follow a message it took, so the answer
+		// is ambiguous there, and is looked up before anything is sent
+		// again.
+		o.MaybeAccepted = status == 409 || !c.cfg.Idempotent
 		o.Kind = Retry
-		o.MaybeAccepted = status == 409
+		if !c.cfg.Idempotent {
+			o.Kind = Ambiguous
+		}
 	case status >= 500:
 		o.MaybeAccepted = status != 503
 		if !c.cfg.Idempotent {
