@@ -282,8 +282,10 @@ type Attempt struct {
 // unknown only by the claim that still holds the row (its token), which
 // also makes writing the same result twice harmless (a retry after an error
 // whose commit went through applies again to the row it already moved). A
-// write from an attempt that was overtaken (another claim took the row, or
-// an operator replayed it) changes nothing. attempts are appended to the
+// write from an attempt that was overtaken (another claim took the row, an
+// operator replayed it, or a failover lost the claim) changes nothing but
+// its caution: an attempt that may have reached the provider still marks an
+// unfinished row (markMissed). attempts are appended to the
 // attempts log in the same transaction; again says the batch may have been
 // committed before (its answer was lost), and then a record already in the
 // log is not added twice. Text is made safe for the database (valid UTF-8,
@@ -319,10 +321,66 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		}
 		rest = later
 	}
+	if err := markMissed(ctx, tx, results, written); err != nil {
+		return nil, err
+	}
 	if err := insertLookups(ctx, tx, results, again); err != nil {
 		return nil, err
 	}
 	return written, nil
+}
+
+// markMissed keeps the caution of results whose fenced write applied to
+// nothing. Such a write missed its claim: the lease ran out and another
+// claim took the row, an operator replayed it, or a Postgres failover lost
+// the claim with the old primary, so that the promoted database holds the
+// row as it was before (queued, even pending, with no trace of the
+// attempt). The attempt may still have reached the provider: a row that is
+// not finished gets maybe_accepted and, when the result asked for one, its
+// lookup pending, and (queued or pending) no claim before the result's
+// wait (the lookup's settle time) is over. Whoever claims the row next then
+// asks the provider, or ends it unknown where the provider cannot be asked,
+// instead of calling as if nothing had happened.
+func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
+	var (
+		ids     []uuid.UUID
+		lookups []bool
+		delays  []float64
+	)
+	for _, r := range results {
+		if !r.MaybeAccepted && !r.LookupPending {
+			continue
+		}
+		if _, applied := written[r.ID]; applied {
+			continue
+		}
+		ids = append(ids, r.ID)
+		lookups = append(lookups, r.LookupPending)
+		delays = append(delays, r.RetryIn.Seconds())
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	// Locked in id order, as every status write is.
+	_, err := tx.Exec(ctx, `
+WITH v AS (
+	SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[]) AS v(id, lookup, delay)
+), locked AS (
+	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE sms_outbox o
+SET maybe_accepted = true,
+    lookup_pending = o.lookup_pending OR v.lookup,
+    next_attempt_at = CASE WHEN o.status IN ('pending', 'queued')
+                           THEN greatest(o.next_attempt_at, clock_timestamp() + v.delay * interval '1 second')
+                           ELSE o.next_attempt_at END,
+    updated_at = clock_timestamp()
+FROM v JOIN locked USING (id)
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, uuidArray(ids), lookups, delays)
+	if err != nil {
+		return fmt.Errorf("outbox: mark missed attempts: %w", err)
+	}
+	return nil
 }
 
 func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {

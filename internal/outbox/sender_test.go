@@ -432,6 +432,74 @@ func TestMaybeAcceptedIsSticky(t *testing.T) {
 	}
 }
 
+// A fenced write that applies to nothing still leaves its caution in the
+// row: a failover lost the claim (the promoted database has the row queued
+// or pending, as before the attempt), and the attempt's answer was lost at
+// a provider without idempotency. The next claim must know that an attempt
+// may have reached the provider, that a lookup comes first, and not before
+// the settle time; a finished row is left alone.
+func TestMissedWriteKeepsItsCaution(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	queued := enqueue(t, pool, "+15551234567", "a")
+	pending := enqueue(t, pool, "+15551234568", "b")
+	unknown := enqueue(t, pool, "+15551234569", "c")
+	sent := enqueue(t, pool, "+15551234570", "d")
+	var claims []outbox.Claim
+	for _, id := range []uuid.UUID{queued, pending, unknown, sent} {
+		claims = append(claims, claimOne(t, pool, id, uuid.New()))
+	}
+	// What the promoted standby holds: the claims never replicated.
+	exec(t, pool, `UPDATE sms_outbox SET status = 'queued', claim_id = NULL, lease_until = NULL, attempt_count = 0 WHERE id = ANY($1)`,
+		[]uuid.UUID{queued, unknown})
+	exec(t, pool, `UPDATE sms_outbox SET status = 'pending', claim_id = NULL, lease_until = NULL, attempt_count = 0 WHERE id = $1`, pending)
+	exec(t, pool, `UPDATE sms_outbox SET status = 'sent', claim_id = NULL WHERE id = $1`, sent)
+
+	lookupLater := func(c outbox.Claim) outbox.Result {
+		return outbox.Result{ID: c.ID, Status: outbox.StatusQueued, Error: "timeout; will be looked up", RetryIn: 10 * time.Second,
+			Token: c.Token, MaybeAccepted: true, LookupPending: true}
+	}
+	w := write(t, pool, false, lookupLater(claims[0]), lookupLater(claims[1]),
+		outbox.Result{ID: unknown, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "timeout", Token: claims[2].Token, MaybeAccepted: true},
+		lookupLater(claims[3]))
+	if len(w) != 0 {
+		t.Fatalf("fenced writes applied to rows their claims no longer hold: %v", w)
+	}
+	type row struct {
+		status        string
+		maybe, lookup bool
+		dueIn         float64
+	}
+	read := func(id uuid.UUID) row {
+		t.Helper()
+		var r row
+		if err := pool.QueryRow(context.Background(), `SELECT status, maybe_accepted, lookup_pending,
+				extract(epoch FROM next_attempt_at - now()) FROM sms_outbox WHERE id = $1`, id).
+			Scan(&r.status, &r.maybe, &r.lookup, &r.dueIn); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, id := range []uuid.UUID{queued, pending} {
+		if r := read(id); r.status == "sending" || !r.maybe || !r.lookup || r.dueIn < 8 || r.dueIn > 11 {
+			t.Errorf("row %s after its missed write: %+v; want maybe_accepted, lookup pending, due in about 10s", id, r)
+		}
+	}
+	if r := read(unknown); !r.maybe || r.lookup {
+		t.Errorf("row after a missed unknown write: %+v; want maybe_accepted and no lookup", r)
+	}
+	if r := read(sent); r.maybe || r.lookup || r.status != "sent" {
+		t.Errorf("a finished row was marked: %+v", r)
+	}
+	// The redelivery's claim sees it; the queued row not before it is due.
+	if c := claimOne(t, pool, queued, uuid.New()); c.Result != outbox.Leased {
+		t.Errorf("claim of the marked queued row before its settle time = %+v; want Leased", c)
+	}
+	if c := claimOne(t, pool, unknown, uuid.New()); c.Result != outbox.Claimed || !c.MaybeAccepted {
+		t.Errorf("claim after the missed unknown write = %+v; want claimed with MaybeAccepted", c)
+	}
+}
+
 // Dead letters: a dead row has none recorded until MarkLettered, and the
 // reconciler's search finds it meanwhile (once old enough); a replayed row
 // (a new generation) is not marked by a letter of the old one.
