@@ -72,6 +72,16 @@ type Claim struct {
 	// other call. Lookups counts the lookups that failed (set when claimed).
 	LookupPending bool
 	Lookups       int
+	// Age is how long ago the row was inserted, and DueIn how long until
+	// its next_attempt_at as the claim found it (negative once past), both
+	// by the database clock (set when claimed). A lookup after an attempt
+	// that got no answer is not made before the row is due: a missed
+	// write (markMissed) sets the settle time there, even on a pending row.
+	Age, DueIn time.Duration
+	// LeaseEnded is how long ago the lease a stale claim took over ran out
+	// (set when ClaimedStale): the dead attempt's request was made before
+	// then, so a lookup waits until the settle time has passed since.
+	LeaseEnded time.Duration
 }
 
 // ClaimForSend claims the rows ids for one provider attempt each under the
@@ -153,6 +163,10 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token))
 			c.To, c.Body, c.Token = *to, *body, token
 			c.Attempt, c.MaxAttempts, c.Gen = int(*attempt), int(*maxAtt), *gen
 			c.CreatedAt = *createdAt
+			c.Age, c.DueIn = now.Sub(*createdAt), due.Sub(now)
+			if c.Result == ClaimedStale {
+				c.LeaseEnded = max(0, now.Sub(*leaseUntil))
+			}
 		default:
 			c.Prev = State(*prev)
 			if c.Prev.Terminal() {
@@ -336,9 +350,9 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 // the claim with the old primary, so that the promoted database holds the
 // row as it was before (queued, even pending, with no trace of the
 // attempt). The attempt may still have reached the provider: a row that is
-// not finished gets maybe_accepted and, when the result asked for one, its
-// lookup pending, and (queued or pending) no claim before the result's
-// wait (the lookup's settle time) is over. Whoever claims the row next then
+// not finished gets maybe_accepted and its lookup pending, and (queued or
+// pending) no claim before the result's wait (the lookup's settle time) is
+// over. Whoever claims the row next then
 // asks the provider, or ends it unknown where the provider cannot be asked,
 // instead of calling as if nothing had happened.
 func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
@@ -355,7 +369,9 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 			continue
 		}
 		ids = append(ids, r.ID)
-		lookups = append(lookups, r.LookupPending)
+		// The mark is the lookup's even where no lookup can be made: a
+		// claim that finds it there ends the row unknown rather than call.
+		lookups = append(lookups, r.LookupPending || r.MaybeAccepted)
 		delays = append(delays, r.RetryIn.Seconds())
 	}
 	if len(ids) == 0 {

@@ -106,8 +106,11 @@ func TestClaimForSend(t *testing.T) {
 	if c := got[queued]; c.To != "+15551234567" || c.Body != "a" || c.Attempt != 1 || c.MaxAttempts != 8 || c.Token != token {
 		t.Errorf("claimed row = %+v", c)
 	}
-	if c := got[stale]; c.Attempt != 2 || !c.MaybeAccepted {
-		t.Errorf("stale row = %+v, want attempt 2 and maybe accepted", c)
+	if c := got[stale]; c.Attempt != 2 || !c.MaybeAccepted || c.LeaseEnded < 59*time.Minute || c.LeaseEnded > 61*time.Minute {
+		t.Errorf("stale row = %+v, want attempt 2, maybe accepted, its lease over an hour ago", c)
+	}
+	if c := got[pending]; c.Age < 0 || c.Age > time.Minute || c.DueIn > 0 || c.LeaseEnded != 0 {
+		t.Errorf("fresh row = %+v, want a young age, due already, no lease ended", c)
 	}
 	if c := got[live]; c.LeaseLeft <= 0 || c.LeaseLeft > lease {
 		t.Errorf("live lease left = %s", c.LeaseLeft)
@@ -485,8 +488,8 @@ func TestMissedWriteKeepsItsCaution(t *testing.T) {
 			t.Errorf("row %s after its missed write: %+v; want maybe_accepted, lookup pending, due in about 10s", id, r)
 		}
 	}
-	if r := read(unknown); !r.maybe || r.lookup {
-		t.Errorf("row after a missed unknown write: %+v; want maybe_accepted and no lookup", r)
+	if r := read(unknown); !r.maybe || !r.lookup {
+		t.Errorf("row after a missed unknown write: %+v; want maybe_accepted and its lookup pending (where none can be made, the claim ends it unknown)", r)
 	}
 	if r := read(sent); r.maybe || r.lookup || r.status != "sent" {
 		t.Errorf("a finished row was marked: %+v", r)
@@ -495,8 +498,8 @@ func TestMissedWriteKeepsItsCaution(t *testing.T) {
 	if c := claimOne(t, pool, queued, uuid.New()); c.Result != outbox.Leased {
 		t.Errorf("claim of the marked queued row before its settle time = %+v; want Leased", c)
 	}
-	if c := claimOne(t, pool, unknown, uuid.New()); c.Result != outbox.Claimed || !c.MaybeAccepted {
-		t.Errorf("claim after the missed unknown write = %+v; want claimed with MaybeAccepted", c)
+	if c := claimOne(t, pool, unknown, uuid.New()); c.Result != outbox.Claimed || !c.MaybeAccepted || !c.LookupPending {
+		t.Errorf("claim after the missed unknown write = %+v; want claimed with MaybeAccepted and LookupPending", c)
 	}
 }
 
