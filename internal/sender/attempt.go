@@ -32,7 +32,13 @@ type result struct {
 // before the call allows it, and hands the verdict to the status writer; it
 // reports whether the provider was called. The decisions are decide's; this
 // only does the I/O around them.
-func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results chan<- result) (called bool) {
+//
+// deadline is when the claim's lease ends by the local clock, counted from
+// before the claim was sent (so never later than the lease the database
+// stamped): the lookup and the call are bounded by it, and a call that
+// could outlive it is not made, so that no attempt ever overlaps the next
+// claim's.
+func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline time.Time, results chan<- result) (called bool) {
 	// The row's attributes are formatted only for a line that is written: a
 	// logger made With them for every attempt formatted them eagerly, 3-6 us
 	// of CPU per message in BenchmarkSenderRun's profile.
@@ -46,16 +52,26 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
 		lastDelivery: s.lastDelivery(h.md), canLookup: s.cfg.Provider.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
+		redelivered: h.md != nil && h.md.NumDelivered > 1,
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
+	if f.looksUp() {
+		f.beyondDedup = c.Attempt == 1 && c.Gen == 0 && s.horizon.beyond(c.Age, c.CreatedAt)
+		f.lookupWait = lookupWait(c, pol.settle)
+	}
 	res := result{held: h, createdAt: c.CreatedAt}
 	v := decide(f, nil, pol)
+	// The lookup and the call run to their own timeouts even during
+	// shutdown (abandoning them would only leave the outcome unknown), but
+	// never past the claim's lease.
+	leased, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
 	var lookup *outbox.Evidence
 	if v.lookup {
 		// Ask the provider what became of the earlier attempts. Every
 		// attempt carried the same reference, so one lookup covers them all.
 		started := time.Now()
-		lr := s.cfg.Provider.Lookup(context.WithoutCancel(ctx), provider.LookupQuery{
+		lr := s.cfg.Provider.Lookup(leased, provider.LookupQuery{
 			Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt,
 		})
 		v = decideLookup(f, lr, pol)
@@ -75,13 +91,21 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 			v = decideAfterNone(f)
 		}
 	}
+	if v.call && time.Until(deadline) < s.cfg.Provider.Timeout() {
+		// A slow claim or lookup left too little of the lease for the call.
+		notAccepted := v.notAccepted
+		v = decideNoTime(f, lookup != nil, pol)
+		v.notAccepted = notAccepted
+	}
+	if v.heldBack != "" {
+		s.metrics.heldBack.WithLabelValues(v.heldBack).Inc()
+		logAt(slog.LevelDebug, "attempt held back", "why", v.heldBack, "retry_in", v.delay.String())
+	}
 	started := time.Now()
 	var out provider.Outcome
 	called = v.call
 	if called {
-		// The call runs to its own timeout even during shutdown: abandoning
-		// it would only leave the outcome unknown.
-		out = s.cfg.Provider.Send(context.WithoutCancel(ctx), provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
+		out = s.cfg.Provider.Send(leased, provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
 		s.metrics.providerSeconds.Observe(out.Latency.Seconds())
 		logAt(slog.LevelDebug, "provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus,
 			"provider_code", out.Code, "latency", out.Latency.String())
@@ -146,6 +170,25 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, results ch
 	s.calling.Add(-1)
 	results <- res
 	return called
+}
+
+// claimEarly is how much before its next_attempt_at a queued row may be
+// claimed (outbox.ClaimForSend).
+const claimEarly = time.Second
+
+// lookupWait is how long a claimed row's lookup must wait: the settle time
+// after the lease a stale claim took over (the dead attempt's request was
+// made before it ran out), and the row's due time when an attempt without
+// an answer, or a write that missed its claim, set it to the settle time.
+func lookupWait(c outbox.Claim, settle time.Duration) time.Duration {
+	var w time.Duration
+	if c.Result == outbox.ClaimedStale {
+		w = settle - c.LeaseEnded
+	}
+	if c.LookupPending || c.MaybeAccepted {
+		w = max(w, c.DueIn-claimEarly)
+	}
+	return max(w, 0)
 }
 
 // rejectInvalid dead-letters a message that did not come from the relay and

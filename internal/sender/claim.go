@@ -155,7 +155,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		return
 	}
 	s.metrics.claimRows.Observe(float64(len(ids)))
-	claims, ok := s.claim(hold, ids)
+	claims, deadline, ok := s.claim(hold, ids)
 	if !ok {
 		// Given up at shutdown without an answer: whether the claim took
 		// the rows is unknown; another sender's claim will find out.
@@ -183,7 +183,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			go func() {
 				defer workers.Done()
 				defer func() { <-slots }()
-				if !s.attempt(ctx, h, c, results) {
+				if !s.attempt(ctx, h, c, deadline, results) {
 					s.returnToken()
 				}
 			}()
@@ -209,10 +209,14 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 // committed) is run again with the same token until it answers: the rows it
 // took come back as claimed by it, never as "another sender died mid-call",
 // and the messages are not handed back, so no delivery is spent on an
-// outage. It gives up, returning false, only when hold is done.
-func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, bool) {
+// outage. It gives up, returning false, only when hold is done. The
+// deadline is the end of the claims' lease by the local clock, counted from
+// before the claim that answered was sent: never later than the lease the
+// database stamped, whatever the round trip took.
+func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, time.Time, bool) {
 	token := uuid.New()
 	for failures := 0; ; {
+		deadline := time.Now().Add(s.cfg.Lease)
 		dbCtx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
 		claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, s.cfg.Lease, token)
 		cancel()
@@ -221,7 +225,7 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, b
 			if failures > 0 {
 				s.log.Info("claim answered after failures; the messages were held meanwhile", "failures", failures, "messages", len(ids))
 			}
-			return claims, true
+			return claims, deadline, true
 		}
 		failures++
 		s.health.claimFailed()
@@ -232,7 +236,7 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, b
 		}
 		if !sleep(hold, jitter(d)) {
 			s.log.Error("claim still failing at the shutdown timeout; its messages go back to JetStream", "err", err, "messages", len(ids))
-			return nil, false
+			return nil, time.Time{}, false
 		}
 	}
 }

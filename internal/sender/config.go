@@ -100,9 +100,12 @@ type Config struct {
 	// provider without idempotency that can be looked up, the provider is
 	// asked whether it has the message; default 10s. It rests on one
 	// assumption: a request the provider accepted shows in its lookup
-	// within this time. LookupBudget is how many lookups may fail before
-	// the row ends unknown; default 10 (they are spaced by the backoff, at
-	// least LookupSettle apart).
+	// within this time. It must not exceed two thirds of the consumers'
+	// ack wait (Run refuses to start otherwise): a dead sender's message
+	// comes back that long after its last call at the least, and is looked
+	// up at once. LookupBudget is how many lookups may fail before the row
+	// ends unknown; default 10 (they are spaced by the backoff, at least
+	// LookupSettle apart).
 	LookupSettle time.Duration
 	LookupBudget int
 	// Flow, when set, paces provider requests within a rate limit shared by

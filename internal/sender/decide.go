@@ -58,11 +58,34 @@ type facts struct {
 	// operator replayed it, or a failover lost what the row said of an
 	// earlier attempt. Its history is not to be trusted blindly.
 	republished bool
+	// redelivered: this delivery is not its message's first. An earlier
+	// delivery may have called the provider and had its claim and its
+	// outcome lost with a failed-over primary (the row then reads as if
+	// nothing had happened), so the row's history is not to be trusted
+	// blindly either.
+	redelivered bool
+	// beyondDedup: the row's first claim comes later than the broker
+	// remembers publications (older than the stream's duplicate window, or
+	// than the stream itself): an earlier publication of the same row,
+	// claimed and called before a database rewind (a failover that lost
+	// the claim, a point-in-time restore), would not have been dropped as
+	// a duplicate, so this first call may be a second one.
+	beyondDedup bool
+	// lookupWait is how long before a lookup may be made: the settle time
+	// after the last attempt that may have reached the provider (a stale
+	// claim's lease, a missed write's mark) is not over yet.
+	lookupWait time.Duration
 }
 
 // looksUp reports whether an attempt without an answer is settled by a
 // lookup rather than ended unknown.
 func (f facts) looksUp() bool { return f.canLookup && !f.idempotent }
+
+// doubtful reports whether an earlier attempt of the row may have reached
+// the provider, by what the row says or by what it may have lost.
+func (f facts) doubtful() bool {
+	return f.lookupPending || f.maybeAccepted || f.stale || f.republished || f.redelivered || f.beyondDedup
+}
 
 // policy is the sender's settings a decision needs, and the random draw.
 type policy struct {
@@ -119,13 +142,17 @@ type verdict struct {
 	notAccepted bool
 	// ref is the provider's id for the message, found by a lookup.
 	ref string
+	// heldBack names why a claimed row waits without an attempt: its
+	// lookup is not due yet (lookup_wait), or the lease has too little
+	// time left for the call (no_time).
+	heldBack string
 }
 
 // decide maps what is known of a claimed row, and the provider's answer when
 // one was made (o nil before the call), to a verdict. It does no I/O.
 func decide(f facts, o *provider.Outcome, p policy) verdict {
 	if o == nil {
-		return decideBefore(f)
+		return decideBefore(f, p)
 	}
 	switch o.Kind {
 	case provider.Sent:
@@ -194,16 +221,21 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 }
 
 // decideBefore decides whether a claimed row may be called at all.
-func decideBefore(f facts) verdict {
+func decideBefore(f facts, p policy) verdict {
 	switch {
-	case f.looksUp() && (f.lookupPending || f.stale || f.republished):
+	case f.looksUp() && f.doubtful() && f.lookupWait > 0:
+		// The provider would be asked before it has had the settle time
+		// to show what the last attempt did: ask later, spending nothing.
+		return deferLookup(f, p)
+	case f.looksUp() && f.doubtful():
 		// An earlier attempt ended without an answer (or died mid-call) at
 		// a provider that would send again: what it did is asked, not
-		// guessed. A republished row is asked about too: a Postgres
-		// failover can lose the write that said an attempt was made (the
-		// claim, the lookup mark, even sent), and only the republication
-		// brings such a row back. This comes before the budget: a lookup
-		// may find the message sent.
+		// guessed. So is any row whose history may have been lost: a
+		// Postgres failover can lose the writes that said an attempt was
+		// made (the claim, the lookup mark, even sent), and only a
+		// redelivery, a republication or a late first publication brings
+		// such a row back. This comes before the budget: a lookup may find
+		// the message sent.
 		return verdict{lookup: true}
 	case f.stale && !f.idempotent:
 		// An earlier attempt died mid-call at a provider that would send
@@ -212,6 +244,14 @@ func decideBefore(f facts) verdict {
 		// a replay of a message that may have been delivered.
 		return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,
 			errText: "an earlier attempt ended without an outcome (its sender died or lost the database mid-call)",
+			action:  term, maybe: true, outcome: "ambiguous", letter: true}
+	case !f.idempotent && !f.canLookup && f.lookupPending:
+		// An attempt ended without an answer, and its write missed its
+		// claim (a failover lost the claim, or another claim took the row):
+		// the provider may have the message, cannot be asked and would
+		// send again. Caution wins.
+		return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,
+			errText: "an earlier attempt ended without an answer and the provider cannot be asked whether it has the message",
 			action:  term, maybe: true, outcome: "ambiguous", letter: true}
 	case f.attempt > f.maxAttempts && !f.stale:
 		// A safety net: a retry on the last attempt already finishes the
@@ -224,6 +264,31 @@ func decideBefore(f facts) verdict {
 		return v
 	}
 	return verdict{call: true}
+}
+
+// deferLookup puts a row whose lookup is due later back to wait for it:
+// queued, its lookup pending, the claim's attempt given back.
+func deferLookup(f facts, p policy) verdict {
+	v := verdict{status: outbox.StatusQueued, action: nak, delay: f.lookupWait, maybe: f.maybeAccepted, lookupPending: true, refund: true, heldBack: "lookup_wait",
+		errText: fmt.Sprintf("an earlier attempt may have reached the provider; it is asked in %s, once the settle time has passed", f.lookupWait.Round(time.Millisecond))}
+	if f.lastDelivery || v.delay > p.maxNakDelay {
+		v.action, v.park = ack, true
+	}
+	return v
+}
+
+// decideNoTime is the verdict for a claim whose lease has too little left
+// for the provider call: no call (it could outlive the lease and overlap
+// the next claim's), the attempt given back, and the row claimed again soon.
+// A lookup that was due and not made stays pending.
+func decideNoTime(f facts, lookedUp bool, p policy) verdict {
+	v := verdict{status: outbox.StatusQueued, action: nak, delay: p.backoff, refund: true, heldBack: "no_time",
+		lookupPending: f.looksUp() && f.doubtful() && !lookedUp,
+		errText:       "the claim's lease had too little time left for the provider call; claimed again"}
+	if f.lastDelivery || v.delay > p.maxNakDelay {
+		v.action, v.park = ack, true
+	}
+	return v
 }
 
 // lookupOf names a lookup's answer in the evidence and the attempts log:

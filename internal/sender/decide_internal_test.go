@@ -80,6 +80,24 @@ func TestDecide(t *testing.T) {
 			verdict{lookup: true}},
 		{"a republished row without lookups calls", with(fresh, func(f *facts) { f.idempotent, f.republished = false, true }), nil,
 			verdict{call: true}},
+		{"a redelivery looks up (a failover may have lost the claim of the delivery before)", with(fresh, func(f *facts) { f.idempotent, f.canLookup, f.redelivered = false, true, true }), nil,
+			verdict{lookup: true}},
+		{"a row claimed first beyond the broker's memory looks up", with(fresh, func(f *facts) { f.idempotent, f.canLookup, f.beyondDedup = false, true, true }), nil,
+			verdict{lookup: true}},
+		{"a row an earlier attempt may have reached looks up", with(fresh, func(f *facts) { f.idempotent, f.canLookup, f.maybeAccepted = false, true, true }), nil,
+			verdict{lookup: true}},
+		{"a redelivery without lookups calls (the row says no attempt may have been taken)", with(fresh, func(f *facts) { f.idempotent, f.redelivered = false, true }), nil,
+			verdict{call: true}},
+		{"a lookup not due yet waits, spending nothing", with(fresh, func(f *facts) {
+			f.idempotent, f.canLookup, f.stale, f.maybeAccepted, f.lookupWait = false, true, true, true, 4*time.Second
+		}), nil,
+			verdict{status: outbox.StatusQueued, action: nak, delay: 4 * time.Second, maybe: true, lookupPending: true, refund: true, heldBack: "lookup_wait"}},
+		{"a lookup due after the longest nak waits parked", with(fresh, func(f *facts) {
+			f.idempotent, f.canLookup, f.lookupPending, f.lookupWait = false, true, true, time.Minute
+		}), nil,
+			verdict{status: outbox.StatusQueued, action: ack, park: true, delay: time.Minute, lookupPending: true, refund: true, heldBack: "lookup_wait"}},
+		{"a missed write's mark without lookups ends unknown, never calls", with(fresh, func(f *facts) { f.idempotent, f.lookupPending, f.maybeAccepted = false, true, true }), nil,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "ambiguous", letter: true}},
 		{"an idempotent provider never looks up", with(fresh, func(f *facts) { f.canLookup, f.lookupPending, f.stale = true, true, true }), nil,
 			verdict{call: true}},
 		{"an unclassified outcome ends dead", fresh, &provider.Outcome{}, verdict{status: outbox.StatusDead, reason: "permanent", action: term, outcome: "permanent", letter: true}},
@@ -144,6 +162,15 @@ func TestDecideLookup(t *testing.T) {
 				t.Errorf("%s without an error text", got.status)
 			}
 		})
+	}
+	// Too little of the lease left for the call: no call, nothing spent, a
+	// lookup that was due and not made stays pending.
+	doubt := facts{canLookup: true, attempt: 2, maxAttempts: 8, redelivered: true}
+	if v := decideNoTime(doubt, false, p); v.call || v.status != outbox.StatusQueued || !v.refund || !v.lookupPending || v.heldBack != "no_time" {
+		t.Errorf("decideNoTime before a lookup = %+v", v)
+	}
+	if v := decideNoTime(doubt, true, p); v.lookupPending {
+		t.Errorf("decideNoTime after a lookup = %+v; the next delivery looks up again anyway", v)
 	}
 	// None with the budget spent: nothing was ever sent, so dead.
 	g := f

@@ -9,6 +9,7 @@ import (
 type metrics struct {
 	outcomes        *prometheus.CounterVec
 	decisions       *prometheus.CounterVec
+	heldBack        *prometheus.CounterVec
 	deadLetters     *prometheus.CounterVec
 	providerSeconds prometheus.Histogram
 	commitToSent    prometheus.Histogram
@@ -37,6 +38,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_decisions_total",
 			Help: "Messages finished without a provider call, by decision: ambiguous (an earlier attempt died mid-call at a provider without idempotency), max_attempts (budget spent), invalid (not a relay message).",
 		}, []string{"decision"}),
+		heldBack: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_sender_held_back_total",
+			Help: "Claimed messages put back to wait without an attempt, by why: lookup_wait (the provider is asked about an earlier attempt only once the settle time has passed), no_time (the claim's lease had too little time left for the call).",
+		}, []string{"why"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_dead_letters_total",
 			Help: "Dead letters published, by reason.",
@@ -100,6 +105,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
 		m.deadLetters.WithLabelValues(r)
 	}
+	for _, w := range []string{"lookup_wait", "no_time"} {
+		m.heldBack.WithLabelValues(w)
+	}
 	for _, op := range []string{"claim", "status_write"} {
 		m.dbRetries.WithLabelValues(op)
 	}
@@ -111,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.lookups.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows} {
+		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

@@ -76,6 +76,9 @@ type Sender struct {
 	maxDeliver map[string]int
 	// heartbeat is the InProgress interval that holds a message.
 	heartbeat time.Duration
+	// horizon is how far back the work stream remembers publications
+	// (read by Run where lookups settle lost answers).
+	horizon horizon
 	// lanes are the priority lanes being consumed (set by Run).
 	lanes atomic.Pointer[lanes]
 	// calling counts the attempts started and not yet decided: outcomes
@@ -117,6 +120,20 @@ func (s *Sender) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkSettle(); err != nil {
+		ls.stop()
+		return err
+	}
+	if s.looksUp() {
+		s.horizon = horizon{js: s.cfg.JetStream, stream: s.cfg.Stream}
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.DBTimeout)
+		err := s.horizon.refresh(hctx)
+		cancel()
+		if err != nil {
+			ls.stop()
+			return fmt.Errorf("sender: read stream %s: %w", s.cfg.Stream, err)
+		}
+	}
 	s.lanes.Store(ls)
 	s.health.started()
 	// hold is done ShutdownTimeout after ctx: until then, work in hand is
@@ -127,6 +144,9 @@ func (s *Sender) Run(ctx context.Context) error {
 	defer stopHoldTimer()
 
 	var readers sync.WaitGroup
+	if s.looksUp() {
+		readers.Go(func() { s.horizon.run(ctx, s.cfg.DBTimeout) })
+	}
 	for _, l := range ls.all {
 		readers.Go(func() { s.readLane(ctx, ls, l) })
 	}
@@ -177,6 +197,26 @@ func (s *Sender) Waiting() int {
 		return ls.waiting()
 	}
 	return 0
+}
+
+// looksUp reports whether an attempt without an answer is settled by a
+// lookup: the provider would send a retry again, and can be asked.
+func (s *Sender) looksUp() bool { return s.cfg.Provider.CanLookup() && !s.cfg.Provider.Idempotent() }
+
+// checkSettle refuses a lookup settle time that a redelivery cannot leave
+// between a dead sender's last call and the lookup of its successor: the
+// message comes back one ack deadline after its last heartbeat, and the
+// sender may have called until its next one, so the gap is the ack deadline
+// less a heartbeat interval (two thirds of it).
+func (s *Sender) checkSettle() error {
+	if !s.looksUp() || s.heartbeat <= 0 {
+		return nil
+	}
+	if gap := 2 * s.heartbeat; s.cfg.LookupSettle > gap {
+		return fmt.Errorf("sender: LookupSettle (SMS_API_LOOKUP_SETTLE) %s exceeds %s, what a redelivery leaves after a dead sender's last call (the consumers' ack wait %s less a heartbeat): raise the consumers' ack_wait or lower the settle time",
+			s.cfg.LookupSettle, gap, 3*s.heartbeat)
+	}
+	return nil
 }
 
 // lastDelivery reports whether the delivery of metadata md (nil when it

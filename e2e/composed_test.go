@@ -1,0 +1,177 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/wire"
+)
+
+// Faults that compose: each test here puts the row in the state a Postgres
+// failover leaves it in (the promoted standby never received the claim, or
+// the relay's mark, of an attempt the provider took) while the provider
+// misbehaves, and holds the promise at a provider without idempotency: the
+// phone buzzes once.
+
+// rewind puts a row back as a standby that missed its latest writes holds
+// it: status st, no claim, no attempt made, no mark.
+func (e *env) rewind(id uuid.UUID, st outbox.State) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox
+		SET status = $2, claim_id = NULL, lease_until = NULL, attempt_count = 0, maybe_accepted = false,
+		    lookup_pending = false, next_attempt_at = now()
+		WHERE id = $1`, id, string(st)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A failover during a lost answer: the provider took the message and holds
+// its answer; meanwhile the primary dies before the claim replicated, and
+// the promoted database has the row queued, with no trace of the attempt.
+// The attempt's write misses its claim. The message's redelivery must not
+// call again: with lookups the provider is asked and the row is sent, with
+// none it ends unknown. Either way, one delivery.
+func TestFailoverDuringALostAnswer(t *testing.T) {
+	t.Parallel()
+	for _, lookup := range []bool{true, false} {
+		name := "without lookups"
+		if lookup {
+			name = "with lookups"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true,
+				Faults: smsstub.Faults{WithholdRate: 1, WithholdMode: smsstub.WithholdHang}}})
+			e.startRelay(relay.Config{})
+			no := false
+			e.startSender(senderOptions{idempotent: &no, lookup: lookup, timeout: 2 * time.Second,
+				cfg: sender.Config{LookupSettle: time.Second}})
+			ids := e.insert(1)
+			id := ids[0]
+			testkit.WaitFor(t, 30*time.Second, "the provider took the message", func() bool {
+				return e.stub.Deliveries()[id.String()].Deliveries == 1
+			})
+			// The failover, while the call waits for its answer.
+			e.rewind(id, outbox.StatusQueued)
+			if err := e.stub.SetFaults(smsstub.Faults{}); err != nil {
+				t.Fatal(err)
+			}
+			rows := e.waitTerminal(ids, 2*time.Minute)
+			if r := rows[id]; lookup && !accepted(r.status) || !lookup && r.status != outbox.StatusUnknown {
+				t.Errorf("row = %+v, want settled by the lookup (with lookups) or unknown (without)", r)
+			}
+			if d := e.stub.Deliveries()[id.String()]; d.Deliveries != 1 {
+				t.Fatalf("%d deliveries, want 1: the redelivery called again", d.Deliveries)
+			}
+		})
+	}
+}
+
+// A republication of generation 0 after the duplicate window: the provider
+// has the message, and a rewound database (a lagging standby promoted, a
+// point-in-time restore) has the row pending, as if never published. The
+// relay publishes it again under its first Nats-Msg-Id, which the stream no
+// longer remembers (the row is older than its duplicate window, or than the
+// stream itself after a store loss): a new message, claimed from pending as
+// a first attempt. The sender asks the provider before that first call.
+func TestFirstCallBeyondTheDuplicateWindow(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, age string }{
+		{"older than the window", "1 hour"},
+		{"older than the stream", "30 seconds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
+			ids := e.insert(1)
+			id := ids[0]
+			e.postDirect(id, 0)
+			if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET created_at = now() - $2::interval WHERE id = $1`,
+				id, tc.age); err != nil {
+				t.Fatal(err)
+			}
+			no := false
+			e.startRelay(relay.Config{})
+			e.startSender(senderOptions{idempotent: &no, lookup: true})
+			rows := e.waitTerminal(ids, time.Minute)
+			if r := rows[id]; !accepted(r.status) || r.attempts != 0 {
+				t.Fatalf("row %+v, want settled by a lookup without an attempt", r)
+			}
+			if d := e.stub.Deliveries()[id.String()]; d.Deliveries != 1 {
+				t.Fatalf("%d deliveries, want the one from before the rewind", d.Deliveries)
+			}
+		})
+	}
+}
+
+// A stale claim is looked up no sooner than the settle time after the lease
+// it took over ran out: the dead attempt's request may have been made just
+// before, and the provider may not show it yet.
+func TestStaleClaimWaitsTheSettleTime(t *testing.T) {
+	t.Parallel()
+	const settle = 3 * time.Second
+	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
+	ids := e.insert(1)
+	id := ids[0]
+	// A sender died mid-call: the row is sending under a lease that ran
+	// out a moment ago.
+	var leaseEnd time.Time
+	if err := e.pool.QueryRow(context.Background(), `UPDATE sms_outbox
+		SET status = 'sending', attempt_count = 1, claim_id = $2, lease_until = now() - interval '200 milliseconds'
+		WHERE id = $1 RETURNING lease_until`, id, uuid.New()).Scan(&leaseEnd); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.Publish(context.Background(), streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id}),
+		jetstream.WithMsgID(id.String())); err != nil {
+		t.Fatal(err)
+	}
+	no := false
+	e.startSender(senderOptions{idempotent: &no, lookup: true, cfg: sender.Config{LookupSettle: settle}})
+	rows := e.waitTerminal(ids, time.Minute)
+	if r := rows[id]; r.status != outbox.StatusSent {
+		t.Fatalf("row %+v, want sent (the lookup found nothing, then one call)", r)
+	}
+	var lookedUp time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT min(received_at) FROM sms_evidence WHERE outbox_id = $1 AND kind = 'lookup'`,
+		id).Scan(&lookedUp); err != nil {
+		t.Fatal(err)
+	}
+	if early := leaseEnd.Add(settle).Sub(lookedUp); early > 0 {
+		t.Fatalf("the provider was asked %s before the settle time after the lease ran out", early)
+	}
+	if d := e.stub.Deliveries()[id.String()]; d.Deliveries != 1 {
+		t.Fatalf("%d deliveries, want 1", d.Deliveries)
+	}
+}
+
+// postDirect sends row id's message to the stub as a sender of generation
+// gen did before a rewind lost every trace of it.
+func (e *env) postDirect(id uuid.UUID, i int) {
+	e.t.Helper()
+	body, _ := json.Marshal(map[string]string{"to": testPhone(i), "body": testBody(i), "reference": id.String()})
+	req, _ := http.NewRequest(http.MethodPost, e.stubURL+"/v1/messages", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+testAPIKey)
+	req.Header.Set("Idempotency-Key", id.String())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		e.t.Fatalf("direct send: http %d", resp.StatusCode)
+	}
+}
