@@ -133,45 +133,60 @@ func TestReconcilerRecoversMaxDeliverExit(t *testing.T) {
 	e.checkOnce(ids, rows)
 }
 
-// Stuck rows with no attempt left are finalised: queued ones dead
-// (max_attempts), unless an earlier attempt may have reached the provider;
-// those and sending ones unknown (their last attempt never reported), each
-// with its dead letter.
+// Stuck rows with no attempt left: a queued one whose every attempt
+// failed is finalised dead (max_attempts) with its dead letter. One whose
+// fate is open (an earlier attempt may have reached the provider, its last
+// attempt never reported back, its lookup is pending) is republished for a
+// sender to settle, never guessed unknown: at a provider without
+// idempotency the sender asks, and the rows end as the provider says (sent
+// where it has the message, dead where it has none), without a call.
 func TestReconcilerFinalisesSpentRows(t *testing.T) {
 	t.Parallel()
-	e := setup(t, envOptions{})
-	ids := e.insert(3)
+	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
+	ids := e.insert(4)
+	failed, sending, maybe, lookup := ids[0], ids[1], ids[2], ids[3]
 	ctx := context.Background()
-	for i, maybe := range []bool{false, true} {
-		id := ids[0]
-		if maybe {
-			id = ids[2]
-		}
-		if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', attempt_count = 8, stream_seq = 0, maybe_accepted = $2,
-			updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, id, maybe); err != nil {
-			t.Fatal(i, err)
+	for id, mark := range map[uuid.UUID]string{failed: "", maybe: "maybe_accepted = true,", lookup: "maybe_accepted = true, lookup_pending = true,"} {
+		if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', attempt_count = 8, stream_seq = 0, `+mark+`
+			updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sending', attempt_count = 8,
-		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, ids[1]); err != nil {
+		updated_at = now() - interval '1 hour', next_attempt_at = now() - interval '1 hour' WHERE id = $1`, sending); err != nil {
 		t.Fatal(err)
 	}
+	// The parked lookup's attempt had reached the provider.
+	e.postDirect(lookup, 3)
 	if _, err := e.newReconciler(time.Second).Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
 	rows := e.rows()
-	if rows[ids[0]].status != outbox.StatusDead || rows[ids[1]].status != outbox.StatusUnknown || rows[ids[2]].status != outbox.StatusUnknown {
-		t.Fatalf("statuses %s, %s and %s, want dead, unknown and unknown", rows[ids[0]].status, rows[ids[1]].status, rows[ids[2]].status)
+	if rows[failed].status != outbox.StatusDead {
+		t.Fatalf("the spent row whose attempts all failed is %s, want dead", rows[failed].status)
 	}
-	dls := e.deadLetters()
-	for id, reason := range map[uuid.UUID]string{ids[0]: wire.ReasonMaxAttempts, ids[1]: wire.ReasonAmbiguous, ids[2]: wire.ReasonAmbiguous} {
-		mine := deadLetterFor(dls, id)
-		if len(mine) != 1 || mine[0].Header.Get(wire.HeaderReason) != reason {
-			t.Errorf("row %s: dead letters %v, want one with reason %s", id, mine, reason)
-		}
+	var republished int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE id = ANY($1) AND publish_gen = 1`,
+		[]uuid.UUID{sending, maybe, lookup}).Scan(&republished); err != nil {
+		t.Fatal(err)
 	}
-	if n := e.stub.Stats().Requests; n != 0 {
-		t.Fatalf("provider called %d times", n)
+	if republished != 3 {
+		t.Fatalf("%d of the 3 spent rows of open fate republished; statuses %s, %s, %s", republished,
+			rows[sending].status, rows[maybe].status, rows[lookup].status)
+	}
+	mine := deadLetterFor(e.deadLetters(), failed)
+	if len(mine) != 1 || mine[0].Header.Get(wire.HeaderReason) != wire.ReasonMaxAttempts {
+		t.Errorf("dead letters of the failed row: %v, want one with reason %s", mine, wire.ReasonMaxAttempts)
+	}
+	no := false
+	e.startSender(senderOptions{idempotent: &no, lookup: true})
+	rows = e.waitTerminal(ids, time.Minute)
+	if !accepted(rows[lookup].status) || rows[sending].status != outbox.StatusDead || rows[maybe].status != outbox.StatusDead {
+		t.Fatalf("after the lookups: %s, %s, %s; want the parked lookup settled by its message, the others dead (the provider has none)",
+			rows[lookup].status, rows[sending].status, rows[maybe].status)
+	}
+	if d := e.stub.Deliveries()[lookup.String()]; d.Deliveries != 1 || e.stub.Stats().Deliveries != 1 {
+		t.Fatalf("provider deliveries %d (all: %d), want only the one from before", d.Deliveries, e.stub.Stats().Deliveries)
 	}
 }
 

@@ -24,6 +24,10 @@ type Stuck struct {
 	MaybeAccepted bool
 	// Priority is the row's priority: its lane.
 	Priority int16
+	// LookupPending is set when the row's last attempt ended without an
+	// answer (or its write missed its claim): the provider is to be asked
+	// before anything else.
+	LookupPending bool
 }
 
 // Spent reports whether the row has no attempt left.
@@ -52,7 +56,7 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 // bulk lanes' consumers, in that order.
 func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, delivered [3]uint64, lastSeq uint64, limit int) ([]Stuck, error) {
 	seq := func(s uint64) int64 { return int64(min(s, 1<<62)) }
-	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted, priority
+	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted, priority, lookup_pending
 		FROM sms_outbox
 		WHERE status IN ('queued', 'sending')
 		  AND ((status = 'sending' AND coalesce(lease_until, updated_at) < now() - $1::interval
@@ -66,7 +70,7 @@ func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, delivered [
 		FOR NO KEY UPDATE SKIP LOCKED`, grace, seq(delivered[0]), limit, seq(lastSeq), seq(delivered[1]), seq(delivered[2]))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
-		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted, &s.Priority)
+		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted, &s.Priority, &s.LookupPending)
 		return s, err
 	})
 	if err != nil {

@@ -87,7 +87,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		dlq: deadletter.Publisher{JetStream: cfg.JetStream},
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_reconciler_actions_total",
-			Help: "Stuck rows the reconciler handled, by action (republished, dead, unknown).",
+			Help: "Stuck rows the reconciler handled, by action (republished, dead; unknown, from releases that ended spent rows of open fate unknown rather than republish them for a sender to settle).",
 		}, []string{"action"}),
 		letters: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_reconciler_letters_published_total",
@@ -213,27 +213,26 @@ func (r *Reconciler) stuckPass(ctx context.Context) (int, []deadletter.Letter, e
 	return len(stuck), letters, nil
 }
 
-// handle republishes a stuck row with attempts left, or finalises one with
-// none and returns the dead letter to publish once that is committed.
+// handle republishes a stuck row, or finalises one with no attempt left
+// whose every attempt is known to have failed, and returns the dead letter
+// to publish once that is committed.
+//
+// A spent row whose fate is open (its last attempt never reported back, an
+// attempt may have reached the provider, or a lookup is pending) is
+// republished all the same, not guessed unknown here: the reconciler does
+// not know the provider, and a sender does. It asks the provider where it
+// can be asked, calls again with the same key where the key is honoured,
+// and ends the row unknown only where neither is possible, without calling.
 func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) (*deadletter.Letter, error) {
-	if s.Spent() {
-		// No attempt left. A queued row's last attempt failed and was
-		// recorded; a sending row's last attempt never reported back, so
-		// whether it reached the provider is unknown, and so it is for a
-		// queued row an earlier attempt of which may have been accepted.
-		status, reason := outbox.Unsent(s.MaybeAccepted || s.Status == outbox.StatusSending, wire.ReasonMaxAttempts)
-		msg := "attempts exhausted; its message was lost"
-		switch {
-		case s.Status == outbox.StatusSending:
-			msg = "attempts exhausted; the last attempt ended without an outcome"
-		case s.MaybeAccepted:
-			msg = "attempts exhausted; its message was lost, and an earlier attempt may have reached the provider"
-		}
-		if err := outbox.Finalize(ctx, tx, s, status, reason, msg); err != nil {
+	if s.Spent() && s.Status == outbox.StatusQueued && !s.MaybeAccepted && !s.LookupPending {
+		// No attempt left, and the last one failed and was recorded:
+		// nothing reached the provider.
+		const msg = "attempts exhausted; its message was lost"
+		if err := outbox.Finalize(ctx, tx, s, outbox.StatusDead, wire.ReasonMaxAttempts, msg); err != nil {
 			return nil, err
 		}
-		r.actions.WithLabelValues(string(status)).Inc()
-		return &deadletter.Letter{OutboxID: s.ID, Gen: s.Gen, Reason: reason, Error: msg, Attempts: s.Attempts}, nil
+		r.actions.WithLabelValues(string(outbox.StatusDead)).Inc()
+		return &deadletter.Letter{OutboxID: s.ID, Gen: s.Gen, Reason: wire.ReasonMaxAttempts, Error: msg, Attempts: s.Attempts}, nil
 	}
 	gen := s.Gen + 1
 	payload := wire.AppendEncode(nil, wire.Send{ID: s.ID, Gen: gen})
