@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
@@ -173,5 +174,53 @@ func (e *env) postDirect(id uuid.UUID, i int) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
 		e.t.Fatalf("direct send: http %d", resp.StatusCode)
+	}
+}
+
+// A claim that answered late (here it waited for a lock another
+// transaction held on the row) leaves too little of its lease for the
+// provider call: the call is not made, since it could outlive the lease and
+// overlap the next claim's; the row is claimed again, and sent once.
+func TestNoCallOutlivesItsLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
+	ids := e.insert(1)
+	id := ids[0]
+	ctx := context.Background()
+	if _, err := e.js.Publish(ctx, streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id}),
+		jetstream.WithMsgID(id.String())); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // released below
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM sms_outbox WHERE id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	no := false
+	e.startSender(senderOptions{idempotent: &no, timeout: time.Second,
+		cfg: sender.Config{Lease: 2500 * time.Millisecond, Registerer: reg}})
+	// The claim waits for the lock: hold it past the lease less a call.
+	testkit.WaitFor(t, 30*time.Second, "the sender's claim waiting for the row", func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%sms_outbox%'`).Scan(&n)
+		return n > 0
+	})
+	time.Sleep(2 * time.Second) // the time the claim is held up: what this test is about
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows := e.waitTerminal(ids, time.Minute)
+	if r := rows[id]; r.status != outbox.StatusSent || r.attempts != 1 {
+		t.Fatalf("row %+v, want sent on its one attempt (the claim without time gave its attempt back)", r)
+	}
+	if n := counterValue(t, reg, "sendonce_sender_held_back_total"); n != 1 {
+		t.Fatalf("%v claims held back, want the one that answered too late for the call", n)
+	}
+	if d := e.stub.Deliveries()[id.String()]; d.Requests != 1 {
+		t.Fatalf("%d requests, want 1", d.Requests)
 	}
 }
