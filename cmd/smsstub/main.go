@@ -76,6 +76,10 @@ func bind(s *envflag.Set, o *options) {
 	s.Duration(&r.Jitter, "receipt-jitter", "STUB_RECEIPT_JITTER", 0, 0, time.Hour, "upper bound of a uniform extra delay of the fate")
 	s.Float(&r.DuplicateRate, "receipt-duplicate-rate", "STUB_RECEIPT_DUPLICATE_RATE", 0, 0, 1, "probability that a receipt is sent twice")
 	s.Float(&r.ReorderRate, "receipt-reorder-rate", "STUB_RECEIPT_REORDER_RATE", 0, 0, 1, "probability that an older accepted receipt follows the final one")
+	t := &o.cfg.Twilio
+	s.String(&t.AccountSID, "twilio-account-sid", "TWILIO_ACCOUNT_SID", "", "serve Twilio's Messages resource (/2010-04-01/Accounts/SID/Messages.json) for this account SID; empty serves none")
+	s.Secret(&t.AuthToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "the Twilio facade's auth token: basic-auth password, and the key its status callbacks are signed with (X-Twilio-Signature); required with -twilio-account-sid")
+	s.Duration(&t.QueueFor, "twilio-queue-for", "STUB_TWILIO_QUEUE_FOR", smsstub.DefaultTwilioQueueFor, time.Millisecond, time.Hour, "how long a Twilio message stays queued, without date_sent, before it is sent")
 	s.String(&o.undelivered, "undelivered-suffixes", "STUB_UNDELIVERED_SUFFIXES", "", "comma-separated number endings whose messages end undelivered (code 30003)")
 	s.Int(&o.seed, "seed", "STUB_SEED", 0, math.MinInt, math.MaxInt, "random seed for reproducible faults; 0 seeds randomly")
 	s.Enum(&o.logFormat, "log-format", "STUB_LOG_FORMAT", "json", []string{"json", "text"}, "log format on stderr")
@@ -146,7 +150,8 @@ func serve(ctx context.Context, opts options, logger *slog.Logger, stdout io.Wri
 		"retention", opts.cfg.Retention.String(), "fail_rate", f.FailRate, "rate_limit_rate", f.RateLimitRate,
 		"withhold_rate", f.WithholdRate, "withhold_mode", f.WithholdMode,
 		"latency", f.Latency.String(), "latency_jitter", f.LatencyJitter.String(), "drop_rate", f.DropRate,
-		"receipts", len(opts.cfg.Receipts.Secret) > 0, "undelivered_suffixes", len(opts.cfg.Receipts.UndeliveredSuffixes))
+		"receipts", len(opts.cfg.Receipts.Secret) > 0, "undelivered_suffixes", len(opts.cfg.Receipts.UndeliveredSuffixes),
+		"twilio", opts.cfg.Twilio.AccountSID != "")
 	if _, err := fmt.Fprintf(stdout, "%shttp://%s\n", smsstub.Announcement, ln.Addr()); err != nil {
 		_ = srv.Close()
 		<-served

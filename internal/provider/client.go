@@ -89,6 +89,8 @@ type Client struct {
 	refField string
 	// lookup asks the provider which messages it has for q.
 	lookup func(ctx context.Context, q LookupQuery) ([]Found, error)
+	// byContent: lookup finds messages by number and text (Twilio).
+	byContent bool
 }
 
 // MaxResponseHeaderBytes bounds the headers of a provider's answer: a

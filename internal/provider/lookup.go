@@ -17,11 +17,22 @@ type LookupQuery struct {
 	// Reference is the row id the messages were sent with.
 	Reference string
 	// To and Body identify the message where the provider keeps no
-	// reference (Twilio): its messages to To with exactly Body, created
-	// since Since.
+	// reference (Twilio, LookupByContent): its messages to To with the same
+	// text (safetext.SameText), created since Since less LookupMargin.
 	To, Body string
 	Since    time.Time
 }
+
+// LookupMargin is how long before LookupQuery.Since a message found by its
+// content may have been created and still count: the provider's clock and
+// the database's may disagree by that much.
+const LookupMargin = time.Minute
+
+// ErrLookupIncomplete is a lookup that could not read every message that
+// may be the row's (more pages than it may read, a message it cannot
+// read): its answer is neither none nor a count, and the lookup is asked
+// again later. Match it with errors.Is.
+var ErrLookupIncomplete = errors.New("lookup incomplete")
 
 // Found is one message a provider has for a reference.
 type Found struct {
@@ -30,6 +41,9 @@ type Found struct {
 	// Status is what the provider knows of it: "delivered", "undelivered"
 	// or "accepted" (taken, not yet reported delivered).
 	Status string
+	// Created is when the provider created it, by the provider's clock;
+	// zero when the provider does not say (the generic API).
+	Created time.Time
 }
 
 // LookupResult is a lookup's answer.
@@ -48,6 +62,12 @@ type LookupResult struct {
 // CanLookup reports whether the client can look messages up.
 func (c *Client) CanLookup() bool { return c.lookup != nil }
 
+// LookupByContent reports whether Lookup finds messages by their number and
+// text rather than by our reference (Twilio keeps none of ours): a message
+// it finds may then be another row's, one with the same text to the same
+// number (outbox.Twins finds those rows).
+func (c *Client) LookupByContent() bool { return c.byContent }
+
 // Lookup asks the provider which messages it has for q. It never panics on
 // a provider's answer.
 func (c *Client) Lookup(ctx context.Context, q LookupQuery) LookupResult {
@@ -62,8 +82,8 @@ func (c *Client) Lookup(ctx context.Context, q LookupQuery) LookupResult {
 }
 
 // getJSON GETs u with the client's credentials and decodes a 200 answer of
-// at most MaxResponseBytes into v.
-func (c *Client) getJSON(ctx context.Context, u string, v any) error {
+// at most limit bytes into v.
+func (c *Client) getJSON(ctx context.Context, u string, limit int, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return errors.New("build lookup request")
@@ -78,13 +98,13 @@ func (c *Client) getJSON(ctx context.Context, u string, v any) error {
 		return fmt.Errorf("lookup: %s", describe(err))
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
 	switch {
 	case err != nil:
 		return fmt.Errorf("lookup: %s", describe(err))
 	case resp.StatusCode != http.StatusOK:
 		return fmt.Errorf("lookup: http %d", resp.StatusCode)
-	case len(data) > MaxResponseBytes:
+	case len(data) > limit:
 		return errors.New("lookup: answer too large")
 	}
 	if err := json.Unmarshal(data, v); err != nil {
@@ -104,7 +124,7 @@ func (c *Client) genericLookup(ctx context.Context, q LookupQuery) ([]Found, err
 		} `json:"messages"`
 	}
 	u := c.endpoint + "?reference=" + url.QueryEscape(q.Reference)
-	if err := c.getJSON(ctx, u, &ans); err != nil {
+	if err := c.getJSON(ctx, u, MaxResponseBytes, &ans); err != nil {
 		return nil, err
 	}
 	var out []Found

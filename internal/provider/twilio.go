@@ -5,10 +5,15 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/mail"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/safetext"
 )
 
 // TwilioConfig configures the Twilio adapter.
@@ -27,8 +32,21 @@ type TwilioConfig struct {
 	// its row even when the create response was lost.
 	ReceiptsURL string
 	// Lookup enables Lookup: Twilio's messages to the number (from From,
-	// when set) created since the row, matched on the exact body.
+	// unless MessagingServiceSID is set: a service picks the From itself)
+	// created since the row, with the same text (safetext.SameText).
+	// Twilio keeps no reference of ours and does not say where a message
+	// not sent yet sorts in its list, so a lookup reads every page of the
+	// number's messages.
 	Lookup bool
+	// LookupPageSize is the messages asked for per page of the list
+	// (Twilio's PageSize), 1 to 1000; default
+	// DefaultTwilioLookupPageSize.
+	LookupPageSize int
+	// LookupPages caps the pages one lookup reads; a list with more is an
+	// error (ErrLookupIncomplete), never an answer. Default
+	// DefaultTwilioLookupPages: with the default page size, numbers with up
+	// to 1,000 messages from the sender are looked up.
+	LookupPages int
 	// Timeout, ConnectTimeout, PermanentCodes, MaxConns, MaxRetryAfter and
 	// Transport are as in Config.
 	Timeout, ConnectTimeout time.Duration
@@ -37,6 +55,19 @@ type TwilioConfig struct {
 	MaxRetryAfter           time.Duration
 	Transport               http.RoundTripper
 }
+
+// Defaults of the Twilio lookup.
+const (
+	// DefaultTwilioLookupPageSize is TwilioConfig.LookupPageSize's default.
+	DefaultTwilioLookupPageSize = 100
+	// DefaultTwilioLookupPages is TwilioConfig.LookupPages's default.
+	DefaultTwilioLookupPages = 10
+	// maxTwilioMessageBytes bounds one message of a page of Twilio's
+	// list: 1,600 characters each escaped as a surrogate pair (12 bytes),
+	// and Twilio's 1 KiB of other fields. A page may hold its PageSize of
+	// them, and 64 KiB more.
+	maxTwilioMessageBytes = 20 << 10
+)
 
 // NewTwilio returns a client for Twilio's Messages API:
 // POST {BaseURL}/2010-04-01/Accounts/{AccountSid}/Messages.json with form
@@ -56,7 +87,13 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 		return nil, errors.New("provider: twilio From or MessagingServiceSID is required")
 	case strings.ContainsAny(cfg.AccountSID, "/?#"):
 		return nil, errors.New("provider: twilio AccountSID is malformed")
+	case cfg.LookupPageSize < 0 || cfg.LookupPageSize > 1000:
+		return nil, errors.New("provider: twilio LookupPageSize must be 1 to 1000")
+	case cfg.LookupPages < 0:
+		return nil, errors.New("provider: twilio LookupPages must be positive")
 	}
+	cfg.LookupPageSize = cmp.Or(cfg.LookupPageSize, DefaultTwilioLookupPageSize)
+	cfg.LookupPages = cmp.Or(cfg.LookupPages, DefaultTwilioLookupPages)
 	c, err := New(Config{
 		BaseURL:        cmp.Or(cfg.BaseURL, "https://api.twilio.com"),
 		Timeout:        cfg.Timeout,
@@ -92,51 +129,98 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 		req.Header.Set("Accept", "application/json")
 		return req, nil
 	}
+	c.byContent = true
 	if cfg.Lookup {
 		c.lookup = func(ctx context.Context, q LookupQuery) ([]Found, error) { return c.twilioLookup(ctx, cfg, q) }
 	}
 	return c, nil
 }
 
-// twilioLookup lists Twilio's messages to q.To (from cfg.From, when set)
-// sent since the day of q.Since, and keeps those created since q.Since
-// (less a minute for clocks) with exactly q.Body: Twilio keeps no reference
-// of ours, so the message is what identifies it. At most five pages.
+// twilioPage is one page of Twilio's Messages list, as the lookup reads it.
+type twilioPage struct {
+	Messages []struct {
+		SID         string `json:"sid"`
+		Body        string `json:"body"`
+		Status      string `json:"status"`
+		DateCreated string `json:"date_created"`
+	} `json:"messages"`
+	NextPageURI string `json:"next_page_uri"`
+}
+
+// twilioLookup reads every page of Twilio's messages to q.To (from
+// cfg.From, when no messaging service picks it) and returns those created
+// since q.Since, less LookupMargin, with q.Body's text (safetext.SameText).
+//
+// Twilio documents its list as "sorted by the DateSent field, with the most
+// recent messages appearing first", and does not say where a message
+// without date_sent (queued, accepted, scheduled) goes. So no DateSent
+// filter is sent (it would leave out the queued messages this lookup is
+// for), creation times are compared here, and no page can be known to be
+// the last that matters: every page is read, up to cfg.LookupPages; more is
+// ErrLookupIncomplete. And when there was more than one page, the first is
+// read again: a message sent while the lookup paged moved from the unread
+// end (no date_sent) to the front (the newest date_sent), already read.
 func (c *Client) twilioLookup(ctx context.Context, cfg TwilioConfig, q LookupQuery) ([]Found, error) {
-	params := url.Values{"To": {q.To}, "PageSize": {"100"}}
-	if cfg.From != "" {
+	params := url.Values{"To": {q.To}, "PageSize": {strconv.Itoa(cfg.LookupPageSize)}}
+	if cfg.From != "" && cfg.MessagingServiceSID == "" {
 		params.Set("From", cfg.From)
 	}
-	if !q.Since.IsZero() {
-		params.Set("DateSent>", q.Since.UTC().Add(-24*time.Hour).Format("2006-01-02"))
-	}
-	base := strings.TrimRight(c.cfg.BaseURL, "/")
-	next := "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json?" + params.Encode()
-	var out []Found
-	for page := 0; next != "" && page < 5; page++ {
-		var ans struct {
-			Messages []struct {
-				SID         string `json:"sid"`
-				Body        string `json:"body"`
-				Status      string `json:"status"`
-				DateCreated string `json:"date_created"`
-			} `json:"messages"`
-			NextPageURI string `json:"next_page_uri"`
+	resource := "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json"
+	first := resource + "?" + params.Encode()
+	var (
+		out   []Found
+		seen  = map[string]bool{}
+		since = q.Since.Add(-LookupMargin)
+	)
+	read := func(uri string) (string, error) {
+		// Relative to the API, and the same resource: a next page
+		// elsewhere is not a page of this list.
+		if p, _, _ := strings.Cut(uri, "?"); p != resource {
+			return "", fmt.Errorf("%w: a next page outside the Messages list", ErrLookupIncomplete)
 		}
-		if !strings.HasPrefix(next, "/") {
-			return nil, errors.New("lookup: next page outside the API")
+		var page twilioPage
+		limit := cfg.LookupPageSize*maxTwilioMessageBytes + 64<<10
+		if err := c.getJSON(ctx, strings.TrimRight(c.cfg.BaseURL, "/")+uri, limit, &page); err != nil {
+			return "", err
 		}
-		if err := c.getJSON(ctx, base+next, &ans); err != nil {
-			return nil, err
-		}
-		for _, m := range ans.Messages {
-			created, err := time.Parse(time.RFC1123Z, m.DateCreated)
-			if m.Body != q.Body || !plainRef(m.SID) || (err == nil && created.Before(q.Since.Add(-time.Minute))) {
+		for _, m := range page.Messages {
+			if !safetext.SameText(m.Body, q.Body) {
 				continue
 			}
-			out = append(out, Found{Ref: m.SID, Status: receiptStatus(m.Status)})
+			// Ours or not is told by the creation time: one that cannot
+			// be read, or a sid that cannot be stored, leaves the answer
+			// open.
+			created, err := mail.ParseDate(m.DateCreated)
+			switch {
+			case err != nil:
+				return "", fmt.Errorf("%w: a message's date_created is unreadable", ErrLookupIncomplete)
+			case !q.Since.IsZero() && created.Before(since):
+				continue
+			case !plainRef(m.SID):
+				return "", fmt.Errorf("%w: a message's sid is unusable", ErrLookupIncomplete)
+			case seen[m.SID]:
+				continue
+			}
+			seen[m.SID] = true
+			out = append(out, Found{Ref: m.SID, Status: receiptStatus(m.Status), Created: created})
 		}
-		next = ans.NextPageURI
+		return page.NextPageURI, nil
+	}
+	next, pages := first, 0
+	for next != "" {
+		if pages == cfg.LookupPages {
+			return nil, fmt.Errorf("%w: the number has more than %d pages of %d messages", ErrLookupIncomplete, pages, cfg.LookupPageSize)
+		}
+		var err error
+		if next, err = read(next); err != nil {
+			return nil, err
+		}
+		pages++
+	}
+	if pages > 1 {
+		if _, err := read(first); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

@@ -144,6 +144,8 @@ func TestNewTwilioValidates(t *testing.T) {
 		{"no sender", provider.TwilioConfig{AccountSID: "AC1", AuthToken: "s3cret"}, "From"},
 		{"account with a slash", provider.TwilioConfig{AccountSID: "AC1/../x", AuthToken: "s3cret", From: "x"}, "AccountSID"},
 		{"bad base URL", provider.TwilioConfig{BaseURL: "api.twilio.com", AccountSID: "AC1", AuthToken: "s3cret", From: "x"}, "BaseURL"},
+		{"page size above Twilio's", provider.TwilioConfig{AccountSID: "AC1", AuthToken: "s3cret", From: "x", LookupPageSize: 1001}, "LookupPageSize"},
+		{"negative page cap", provider.TwilioConfig{AccountSID: "AC1", AuthToken: "s3cret", From: "x", LookupPages: -1}, "LookupPages"},
 	}
 	for _, tt := range tests {
 		_, err := provider.NewTwilio(tt.cfg)

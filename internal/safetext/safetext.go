@@ -11,6 +11,11 @@
 // characters) and the line and paragraph separators; each becomes a space.
 // And phone numbers and one-time codes however they are written: see
 // MaskNumbers.
+//
+// Apart from that, MessageText gives the form in which two copies of one SMS
+// text compare equal: a lookup at a provider that keeps no reference of ours
+// (Twilio) finds a message by the body the provider stored, which may differ
+// from ours in line breaks, Unicode normalisation or white space at the ends.
 package safetext
 
 import (

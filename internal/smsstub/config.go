@@ -65,6 +65,9 @@ type Config struct {
 	// Receipts configures the delivery receipts sent to each request's
 	// callback_url, and the fate lookups show; the zero value sends none.
 	Receipts Receipts
+	// Twilio enables and configures the Twilio-compatible facade
+	// (twilio.go); the zero value serves none.
+	Twilio Twilio
 
 	// Rand, when non-nil, is the random source for fault decisions and
 	// latency jitter; it is only used with the Server's lock held, so it need
@@ -87,7 +90,8 @@ type Config struct {
 }
 
 // Faults is the misbehaviour injected into /v1/messages requests whose key
-// is unseen; replays and idempotency errors are never faulted. Rates are
+// is unseen, and into every request to the Twilio facade (which has no
+// keys); replays and idempotency errors are never faulted. Rates are
 // probabilities in [0, 1], drawn independently per request. The zero value
 // injects nothing.
 //
@@ -155,8 +159,8 @@ type Faults struct {
 	// takes it: the connection is closed without an answer and nothing is
 	// delivered. Default 0.
 	DropRate float64
-	// LookupFailRate is the probability that a lookup (GET /v1/messages)
-	// fails with 500. Default 0.
+	// LookupFailRate is the probability that a lookup (GET /v1/messages, or
+	// the Twilio facade's list) fails with 500. Default 0.
 	LookupFailRate float64
 }
 

@@ -59,6 +59,48 @@
 // so a Go client only sees the error when the request went out on a fresh
 // connection.
 //
+// # Twilio facade
+//
+// With Config.Twilio.AccountSID set, the stub also serves Twilio's
+// Messages resource, so that the sender's real Twilio adapter, its lookup
+// and the receiver's Twilio callbacks can be run against it:
+//
+//	POST /2010-04-01/Accounts/{AccountSid}/Messages.json
+//	Authorization: Basic <AccountSid:AuthToken>
+//	Content-Type: application/x-www-form-urlencoded
+//
+//	To=%2B15551234567&From=%2B15550001111&Body=...&StatusCallback=https://.../v1/receipts/twilio?ref=<outbox id>
+//
+// MessagingServiceSid may stand for From. A message is answered 201 with
+// Twilio's Message resource (sid "SM" and 32 hex digits, status queued, or
+// accepted through a messaging service, date_sent null), and errors with
+// Twilio's {"code","message","more_info","status"}: 401 code 20003 for
+// other credentials, 404 code 20404 for another account, 400 code 21211
+// (the number echoed, as Twilio does), 21603, 21602, 21617 or 21609 for a
+// bad To, no sender, an empty or oversize body, a bad StatusCallback.
+// Nothing is idempotent: every request that gets past the faults (the same
+// Faults as the generic API: latency, 429, injected failures, drops,
+// withheld answers) is a new message. Deliveries are counted per key: the
+// ref parameter of StatusCallback (the outbox id the adapter puts there),
+// or without one "body:" and a hash of To and Body; so a double send shows
+// as two deliveries of one key.
+//
+// A message stays queued without date_sent for Twilio.QueueFor, is then
+// sent (date_sent set; through a messaging service its From becomes
+// TwilioPoolNumber), and its fate is known Receipts.Delay later. Its
+// StatusCallback gets a form signed with X-Twilio-Signature (the auth
+// token's HMAC-SHA1 of the URL and the sorted fields) when it is sent and
+// when its fate is known, with Receipts' duplicates and reordering.
+//
+//	GET /2010-04-01/Accounts/{AccountSid}/Messages.json?To=...&From=...&DateSent>=YYYY-MM-DD&PageSize=50
+//
+// lists the account's messages, filtered by To, From and DateSent (=, <=,
+// >=; a message not sent yet passes none of them), newest first as Twilio
+// documents it, by date_sent, with the messages not sent yet after all the
+// others (Twilio does not say where they go). A page holds PageSize
+// messages (default 50, at most 1000); next_page_uri leads to the next, null
+// on the last. Faults.LookupFailRate fails a list with 500.
+//
 // # Admin API
 //
 // The admin endpoints are unauthenticated; bind the stub to loopback.
@@ -70,5 +112,7 @@
 //	POST /admin/faults      replaces the faults with the posted Faults JSON object and returns the result
 //	GET  /healthz           200 "ok"
 //
-// Message bodies are never stored or exposed; only their hashes are kept.
+// The generic API never stores or exposes a message body (only hashes of
+// requests are kept); the Twilio facade keeps them in memory, as its list
+// answers them.
 package smsstub

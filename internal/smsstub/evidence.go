@@ -68,10 +68,19 @@ func (r Receipts) normalized() (Receipts, error) {
 	return r, nil
 }
 
-// message is one message the stub accepted for a reference, as a lookup
-// shows it.
+// message is one message the stub accepted, as a lookup shows it.
 type message struct {
 	id, reference string
+	// shape is the API it came in by.
+	shape shape
+	// to is its number; from, service and body are kept for the Twilio
+	// facade only, whose list answers them (the generic API never stores
+	// a body).
+	to, from, service, body string
+	// created is when the stub took it; sentAt when it left the queue (at
+	// Twilio: date_sent, QueueFor after created; the generic API has no
+	// such step).
+	created, sentAt time.Time
 	// fate is delivered or undelivered, known from fateAt.
 	fate   string
 	fateAt time.Time
@@ -80,17 +89,36 @@ type message struct {
 	rec *Delivery
 }
 
-// statusAt is the message's status as the provider reports it at now.
+// statusAt is the message's status as the provider reports it at now:
+// queued until its fate is known, or at Twilio queued (accepted, with a
+// messaging service) until sent, then sent until its fate is known.
 func (m *message) statusAt(now time.Time) string {
-	if now.Before(m.fateAt) {
+	switch {
+	case m.shape == shapeTwilio && now.Before(m.sentAt) && m.service != "":
+		return "accepted"
+	case m.shape == shapeTwilio && now.Before(m.sentAt):
+		return "queued"
+	case m.shape == shapeTwilio && now.Before(m.fateAt):
+		return "sent"
+	case now.Before(m.fateAt):
 		return "queued"
 	}
 	return m.fate
 }
 
-// acceptLocked records an accepted message for its reference and returns
-// it; s.mu is held.
-func (s *Server) acceptLocked(id string, msg messageRequest) *message {
+// sendsReceipts reports whether messages taken by sh get receipts at their
+// callback: generic ones when Receipts.Secret is set, Twilio's always (they
+// are signed with the auth token).
+func (s *Server) sendsReceipts(sh shape) bool {
+	if sh == shapeTwilio {
+		return true
+	}
+	return len(s.receipts.Secret) > 0
+}
+
+// acceptLocked records an accepted message for its reference (and, at
+// Twilio, in the account's list) and returns it; s.mu is held.
+func (s *Server) acceptLocked(sh shape, id string, msg messageRequest) *message {
 	r := s.receipts
 	fate := "delivered"
 	for _, suf := range r.UndeliveredSuffixes {
@@ -102,18 +130,43 @@ func (s *Server) acceptLocked(id string, msg messageRequest) *message {
 	if r.Jitter > 0 {
 		delay += time.Duration(s.rng.Int64N(int64(r.Jitter)))
 	}
-	m := &message{id: id, reference: msg.Reference, fate: fate, fateAt: time.Now().Add(delay)}
+	m := s.newMessage(sh, id, msg, time.Now())
+	m.fate, m.fateAt = fate, m.sentAt.Add(delay)
+	if sh == shapeTwilio {
+		s.twilioMsgs = append(s.twilioMsgs, m)
+	}
 	if msg.Reference != "" {
 		s.byRef[msg.Reference] = append(s.byRef[msg.Reference], m)
 	}
 	return m
 }
 
+// newMessage is the message msg describes, taken by sh at now, before its
+// fate is drawn.
+func (s *Server) newMessage(sh shape, id string, msg messageRequest, now time.Time) *message {
+	m := &message{id: id, reference: msg.Reference, shape: sh, to: msg.To, created: now, sentAt: now}
+	if sh == shapeTwilio {
+		m.from, m.service, m.body = msg.From, msg.Service, msg.Body
+		m.sentAt = now.Add(s.twilio.QueueFor)
+	}
+	return m
+}
+
 // sendReceipts sends m's receipt to callback once its fate is known, with
 // the duplicates and reordering Receipts asks for, trying each until it is
-// answered 2xx (or the stub closes, or receiptTries pass).
+// answered 2xx (or the stub closes, or receiptTries pass). A Twilio
+// message's callback also reports it sent when it leaves the queue, and
+// the older receipt a reordering sends is that one.
 func (s *Server) sendReceipts(m *message, callback string, duplicate, reorder bool) {
 	defer s.receiptsWG.Done()
+	older := "accepted"
+	if m.shape == shapeTwilio {
+		older = "sent"
+		if !sleepOr(time.Until(m.sentAt), s.done) {
+			return
+		}
+		s.postReceipt(m, callback, "sent")
+	}
 	if !sleepOr(time.Until(m.fateAt), s.done) {
 		return
 	}
@@ -122,7 +175,7 @@ func (s *Server) sendReceipts(m *message, callback string, duplicate, reorder bo
 		acked = s.postReceipt(m, callback, m.fate) || acked
 	}
 	if reorder {
-		s.postReceipt(m, callback, "accepted")
+		s.postReceipt(m, callback, older)
 	}
 	s.mu.Lock()
 	switch {
@@ -137,11 +190,6 @@ func (s *Server) sendReceipts(m *message, callback string, duplicate, reorder bo
 // postReceipt sends one receipt of m, with status, until it is answered 2xx
 // (true) or its tries run out or the stub closes (false).
 func (s *Server) postReceipt(m *message, callback, status string) bool {
-	body := map[string]any{"id": m.id, "reference": m.reference, "status": status, "at": m.fateAt.UTC().Format(time.RFC3339Nano)}
-	if status == "undelivered" {
-		body["code"] = CodeUndelivered
-	}
-	raw, _ := json.Marshal(body)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -152,13 +200,10 @@ func (s *Server) postReceipt(m *message, callback, status string) bool {
 		}
 	}()
 	for try := range receiptTries {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, callback, bytes.NewReader(raw))
+		req, err := s.receiptRequest(ctx, m, callback, status)
 		if err != nil {
 			return false
 		}
-		req.Header.Set("Content-Type", "application/json")
-		// Signed at each try: a receipt retried later is not stale.
-		req.Header.Set(receiver.HeaderSignature, receiver.SignGeneric(s.receipts.Secret, raw, time.Now()))
 		resp, err := s.postOne(req)
 		if err == nil {
 			if resp.StatusCode >= 200 && resp.StatusCode < 300 {
@@ -173,6 +218,28 @@ func (s *Server) postReceipt(m *message, callback, status string) bool {
 	}
 	s.log.Warn("receipt given up after its tries", "provider_id", m.id)
 	return false
+}
+
+// receiptRequest is m's receipt of status for callback: the generic JSON
+// signed with Sendonce-Signature, or Twilio's form signed with
+// X-Twilio-Signature.
+func (s *Server) receiptRequest(ctx context.Context, m *message, callback, status string) (*http.Request, error) {
+	if m.shape == shapeTwilio {
+		return s.twilioCallback(ctx, m, callback, status)
+	}
+	body := map[string]any{"id": m.id, "reference": m.reference, "status": status, "at": m.fateAt.UTC().Format(time.RFC3339Nano)}
+	if status == "undelivered" {
+		body["code"] = CodeUndelivered
+	}
+	raw, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, callback, bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	// Signed at each try: a receipt retried later is not stale.
+	req.Header.Set(receiver.HeaderSignature, receiver.SignGeneric(s.receipts.Secret, raw, time.Now()))
+	return req, nil
 }
 
 // postOne posts one receipt when one of the receiptConns slots is free

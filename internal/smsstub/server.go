@@ -78,7 +78,8 @@ type Delivery struct {
 
 // Stats are the stub's counters since it started or was last reset.
 type Stats struct {
-	// Requests counts every POST /v1/messages, including rejected ones.
+	// Requests counts every POST /v1/messages (and to the Twilio facade),
+	// including rejected ones.
 	Requests int64 `json:"requests"`
 	// Deliveries counts messages sent (successes, including withheld ones).
 	Deliveries int64 `json:"deliveries"`
@@ -100,8 +101,8 @@ type Stats struct {
 	Keys int64 `json:"keys"`
 	// Dropped counts requests lost before they were taken (DropRate).
 	Dropped int64 `json:"dropped"`
-	// Lookups and LookupFailures count GET /v1/messages and its injected
-	// failures.
+	// Lookups and LookupFailures count GET /v1/messages (and the Twilio
+	// facade's lists) and their injected failures.
 	Lookups        int64 `json:"lookups"`
 	LookupFailures int64 `json:"lookup_failures"`
 	// ReceiptsSent counts receipts answered 2xx; ReceiptFailures the tries
@@ -143,8 +144,12 @@ type Server struct {
 	stats      Stats
 	// receipts is the receipts configuration; byRef the messages accepted
 	// per reference, for lookups.
-	receipts      Receipts
-	byRef         map[string][]*message
+	receipts Receipts
+	byRef    map[string][]*message
+	// twilio configures the Twilio facade; twilioMsgs are the messages it
+	// took, in the order it took them (its list sorts them).
+	twilio        Twilio
+	twilioMsgs    []*message
 	receiptsWG    sync.WaitGroup
 	closed        bool
 	receiptClient *http.Client
@@ -207,6 +212,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("smsstub: %w", err)
 	}
+	tw, err := cfg.Twilio.normalized()
+	if err != nil {
+		return nil, fmt.Errorf("smsstub: %w", err)
+	}
 	src := cfg.Rand
 	if src == nil {
 		if cfg.Seed != 0 {
@@ -235,6 +244,7 @@ func New(cfg Config) (*Server, error) {
 		records:        make(map[string]*Delivery),
 		receipts:       receipts,
 		byRef:          make(map[string][]*message),
+		twilio:         tw,
 		receiptBackoff: 100 * time.Millisecond,
 		receiptClient:  newReceiptClient(),
 		receiptSlots:   make(chan struct{}, receiptConns),
@@ -245,6 +255,10 @@ func New(cfg Config) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", s.handleMessage)
 	mux.HandleFunc("GET /v1/messages", s.handleLookup)
+	if tw.AccountSID != "" {
+		mux.HandleFunc("POST "+twilioPath, s.handleTwilioCreate)
+		mux.HandleFunc("GET "+twilioPath, s.handleTwilioList)
+	}
 	mux.HandleFunc("GET /admin/deliveries", s.handleDeliveries)
 	mux.HandleFunc("GET /admin/stats", s.handleStats)
 	mux.HandleFunc("POST /admin/reset", s.handleReset)
@@ -335,6 +349,7 @@ func (s *Server) Reset() {
 	s.expiryHead = 0
 	s.records = make(map[string]*Delivery)
 	s.byRef = make(map[string][]*message)
+	s.twilioMsgs = nil
 	s.stats = Stats{}
 	s.mu.Unlock()
 	s.log.Info("state reset")
@@ -348,6 +363,10 @@ type messageRequest struct {
 	// message by it); CallbackURL is where its receipts go.
 	Reference   string `json:"reference,omitempty"`
 	CallbackURL string `json:"callback_url,omitempty"`
+	// From and Service are a Twilio request's From and MessagingServiceSid
+	// (the generic API has neither).
+	From    string `json:"-"`
+	Service string `json:"-"`
 }
 
 // messageResponse is the /v1/messages success body.
@@ -375,42 +394,42 @@ func (s *Server) handleMessage(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="smsstub"`)
 		// Unauthenticated requests are not attributed to their key: they
 		// must not be able to create state.
-		s.reject(r.Context(), w, "", false, http.StatusUnauthorized, CodeAuthFailed, "authentication failed")
+		s.reject(r.Context(), w, shapeGeneric, "", false, http.StatusUnauthorized, CodeAuthFailed, "authentication failed")
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")
 	perKey := key != "" || s.ignoreKeys
 	switch {
 	case key == "" && !s.ignoreKeys:
-		s.reject(r.Context(), w, key, false, http.StatusBadRequest, http.StatusBadRequest, msgKeyRequired)
+		s.reject(r.Context(), w, shapeGeneric, key, false, http.StatusBadRequest, http.StatusBadRequest, msgKeyRequired)
 		return
 	case len(key) > MaxKeyLen:
-		s.reject(r.Context(), w, key, false, http.StatusBadRequest, http.StatusBadRequest,
+		s.reject(r.Context(), w, shapeGeneric, key, false, http.StatusBadRequest, http.StatusBadRequest,
 			"Idempotency-Key longer than "+strconv.Itoa(MaxKeyLen)+" bytes")
 		return
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		s.reject(r.Context(), w, key, perKey, http.StatusUnsupportedMediaType, http.StatusUnsupportedMediaType,
+		s.reject(r.Context(), w, shapeGeneric, key, perKey, http.StatusUnsupportedMediaType, http.StatusUnsupportedMediaType,
 			"Content-Type must be application/json")
 		return
 	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			s.reject(r.Context(), w, key, perKey, http.StatusRequestEntityTooLarge, http.StatusRequestEntityTooLarge,
+			s.reject(r.Context(), w, shapeGeneric, key, perKey, http.StatusRequestEntityTooLarge, http.StatusRequestEntityTooLarge,
 				"request body larger than "+strconv.Itoa(MaxRequestBytes)+" bytes")
 			return
 		}
 		// The client went away mid-body; nobody will read the answer.
-		s.reject(r.Context(), w, key, perKey, http.StatusBadRequest, http.StatusBadRequest, "could not read request body")
+		s.reject(r.Context(), w, shapeGeneric, key, perKey, http.StatusBadRequest, http.StatusBadRequest, "could not read request body")
 		return
 	}
 	msg, code, problem := parseMessage(raw)
 	if problem != "" {
-		s.reject(r.Context(), w, key, perKey, http.StatusBadRequest, code, problem)
+		s.reject(r.Context(), w, shapeGeneric, key, perKey, http.StatusBadRequest, code, problem)
 		return
 	}
-	s.process(w, r, key, raw, msg)
+	s.process(w, r, shapeGeneric, key, raw, msg)
 }
 
 // authorized reports whether r carries the configured API key.
@@ -464,9 +483,10 @@ func validE164(to string) bool {
 	return true
 }
 
-// process runs a well-formed request through the idempotency cache and the
-// faults.
-func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw []byte, msg messageRequest) {
+// process runs a well-formed request through the idempotency cache (of
+// the generic API only: Twilio has none) and the faults, and answers it in
+// the shape it came in.
+func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key string, raw []byte, msg messageRequest) {
 	ctx := r.Context()
 	hash := sha256.Sum256(raw)
 
@@ -474,7 +494,7 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 	s.stats.Requests++
 	s.recordLocked(key).Requests++
 	var e *entry
-	if !s.ignoreKeys {
+	if sh == shapeGeneric && !s.ignoreKeys {
 		now := s.now()
 		s.pruneLocked(now)
 		if old, ok := s.entries[key]; ok {
@@ -541,7 +561,7 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 			t.Stop()
 			s.settle(key, e, gen, nil)
 			s.logOutcome(ctx, "shutting_down", http.StatusServiceUnavailable, "")
-			writeError(w, http.StatusServiceUnavailable, http.StatusServiceUnavailable, "server shutting down")
+			sh.writeError(w, http.StatusServiceUnavailable, http.StatusServiceUnavailable, "server shutting down")
 			return
 		}
 	}
@@ -550,18 +570,18 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 	case overLimit:
 		s.settle(key, e, gen, func(st *Stats) { st.OverLimit++ })
 		s.logOutcome(ctx, "over_limit", http.StatusTooManyRequests, "")
-		writeError(w, http.StatusTooManyRequests, CodeRateLimited, "too many requests")
+		sh.writeError(w, http.StatusTooManyRequests, CodeRateLimited, "too many requests")
 		return
 	case limited:
 		s.settle(key, e, gen, func(st *Stats) { st.RateLimited++ })
 		s.logOutcome(ctx, "rate_limited", http.StatusTooManyRequests, "")
 		w.Header().Set("Retry-After", retryAfterSeconds(f.RetryAfter))
-		writeError(w, http.StatusTooManyRequests, CodeRateLimited, "too many requests")
+		sh.writeError(w, http.StatusTooManyRequests, CodeRateLimited, "too many requests")
 		return
 	case failed:
 		s.settle(key, e, gen, func(st *Stats) { st.Failures++ })
 		s.logOutcome(ctx, "failed", f.FailStatus, "")
-		writeError(w, f.FailStatus, f.FailCode, "injected failure")
+		sh.writeError(w, f.FailStatus, f.FailCode, "injected failure")
 		return
 	case dropped:
 		// Lost on the way in: nothing taken, no answer.
@@ -571,8 +591,8 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 		return
 	}
 
-	id := newProviderID()
-	body := mustJSON(messageResponse{ID: id, To: msg.To, Status: "queued"})
+	id := sh.newID()
+	var body []byte
 	s.mu.Lock()
 	if gen == s.gen {
 		rec := s.recordLocked(key)
@@ -583,9 +603,10 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 		if withhold {
 			s.stats.Withheld++
 		}
-		m := s.acceptLocked(id, msg)
+		m := s.acceptLocked(sh, id, msg)
+		body = s.created(sh, m)
 		rec.Fate, rec.ReceiptAcked = "", false
-		if len(s.receipts.Secret) > 0 && validCallback(msg.CallbackURL) && !s.closed {
+		if s.sendsReceipts(sh) && validCallback(msg.CallbackURL) && !s.closed {
 			m.rec, rec.Fate = rec, m.fate
 			s.receiptsWG.Add(1)
 			go s.sendReceipts(m, msg.CallbackURL, duplicate, reorder)
@@ -597,6 +618,9 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, key string, raw
 			e.expires = s.now().Add(s.retention)
 			s.expiry = append(s.expiry, expiryItem{key: key, e: e})
 		}
+	} else {
+		// Answered as if taken, though a Reset forgot it meanwhile.
+		body = s.created(sh, s.newMessage(sh, id, msg, time.Now()))
 	}
 	s.mu.Unlock()
 
@@ -650,7 +674,7 @@ func (s *Server) withhold(w http.ResponseWriter, r *http.Request, mode string) {
 
 // reject answers a request that failed a check before reaching the
 // idempotency cache, counting it (and, if perKey, attributing it to key).
-func (s *Server) reject(ctx context.Context, w http.ResponseWriter, key string, perKey bool, status, code int, message string) {
+func (s *Server) reject(ctx context.Context, w http.ResponseWriter, sh shape, key string, perKey bool, status, code int, message string) {
 	s.mu.Lock()
 	s.stats.Requests++
 	if perKey {
@@ -658,7 +682,7 @@ func (s *Server) reject(ctx context.Context, w http.ResponseWriter, key string, 
 	}
 	s.mu.Unlock()
 	s.logOutcome(ctx, "rejected", status, "")
-	writeError(w, status, code, message)
+	sh.writeError(w, status, code, message)
 }
 
 // recordLocked returns key's record, creating it if needed. s.mu must be
@@ -717,11 +741,50 @@ func retryAfterSeconds(d time.Duration) string {
 	return strconv.FormatInt(max(secs, 1), 10)
 }
 
-// newProviderID mints "msg_" and 24 random hex digits.
-func newProviderID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms.
-	return "msg_" + hex.EncodeToString(b[:])
+// shape is the API a send request came in by: it decides the form of the
+// answers and of the ids, and whether the idempotency cache applies.
+type shape int
+
+const (
+	// shapeGeneric is the generic API (POST /v1/messages).
+	shapeGeneric shape = iota
+	// shapeTwilio is the Twilio facade (twilio.go): never idempotent.
+	shapeTwilio
+)
+
+// newID mints a message id: "msg_" and 24 random hex digits, or at Twilio
+// "SM" and 32.
+func (sh shape) newID() string {
+	if sh == shapeTwilio {
+		return "SM" + randomHex(16)
+	}
+	return "msg_" + randomHex(12)
+}
+
+// writeError answers an error in the shape's form. A zero code is omitted
+// by the generic API; Twilio always sends one of its own (20000 and the
+// status, for a zero code or one that is an HTTP status).
+func (sh shape) writeError(w http.ResponseWriter, status, code int, message string) {
+	if sh == shapeTwilio {
+		writeTwilioError(w, status, code, message)
+		return
+	}
+	writeError(w, status, code, message)
+}
+
+// created is the 201 body for the accepted message m.
+func (s *Server) created(sh shape, m *message) []byte {
+	if sh == shapeTwilio {
+		return mustJSON(s.twilioResource(m, m.created))
+	}
+	return mustJSON(messageResponse{ID: m.id, To: m.to, Status: "queued"})
+}
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms.
+	return hex.EncodeToString(b)
 }
 
 // mustJSON marshals v, a type that cannot fail to marshal, and appends a
