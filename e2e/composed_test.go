@@ -224,3 +224,52 @@ func TestNoCallOutlivesItsLease(t *testing.T) {
 		t.Fatalf("%d requests, want 1", d.Requests)
 	}
 }
+
+// A Twilio lookup finds messages by number and text. Two rows carry the
+// same text to the same number: the first attempt of one was lost before
+// Twilio took it, the other's was taken and its answer lost. Both lookups
+// find the one message; nothing says whose it is, so neither row may be
+// settled by it (the first would end sent, and its text never go out):
+// both end unknown, for a person, and nothing is sent again.
+func TestTwilioLookupCannotTellTwinsApart(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true, Twilio: testTwilio,
+		Faults: smsstub.Faults{DropRate: 1}}})
+	e.startRelay(relay.Config{})
+	e.startSender(senderOptions{twilio: true, lookup: true,
+		cfg: sender.Config{LookupSettle: 200 * time.Millisecond, LookupBudget: 2}})
+	ctx := context.Background()
+	const to, text = "+15557654321", "Your table is ready."
+	insert := func() uuid.UUID {
+		t.Helper()
+		id := uuid.New()
+		if _, err := e.pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3)`, id, to, text); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	lost := insert()
+	testkit.WaitFor(t, 30*time.Second, "the first row's request lost on its way", func() bool {
+		return e.stub.Stats().Dropped >= 1
+	})
+	if err := e.stub.SetFaults(smsstub.Faults{WithholdRate: 1, WithholdMode: smsstub.WithholdClose}); err != nil {
+		t.Fatal(err)
+	}
+	taken := insert()
+	testkit.WaitFor(t, 30*time.Second, "the second row's message taken", func() bool { return e.stub.Stats().Deliveries >= 1 })
+	if err := e.stub.SetFaults(smsstub.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	rows := e.waitTerminal([]uuid.UUID{lost, taken}, time.Minute)
+	for id, r := range rows {
+		if id != lost && id != taken {
+			continue
+		}
+		if r.status != outbox.StatusUnknown {
+			t.Errorf("row %s is %s, want unknown: the message found may be either row's", id, r.status)
+		}
+	}
+	if n := e.stub.Stats().Deliveries; n != 1 {
+		t.Fatalf("%d messages sent, want the one taken before", n)
+	}
+}

@@ -146,7 +146,13 @@ type senderOptions struct {
 	// receipts.
 	lookup   bool
 	receipts string
+	// twilio sends through the Twilio adapter, to the stub's Twilio facade
+	// (the env's stub needs smsstub.Config.Twilio with testTwilio).
+	twilio bool
 }
+
+// testTwilio is the stub's Twilio account for the Twilio adapter's tests.
+var testTwilio = smsstub.Twilio{AccountSID: "ACe2e0000000000000000000000000000", AuthToken: "e2e-twilio-auth-token"}
 
 func (e *env) startSender(o senderOptions) func() {
 	e.t.Helper()
@@ -154,10 +160,19 @@ func (e *env) startSender(o senderOptions) func() {
 	if o.idempotent != nil {
 		idem = *o.idempotent
 	}
-	prov, err := provider.New(provider.Config{
-		BaseURL: cmpOr(o.baseURL, e.stubURL), APIKey: testAPIKey,
-		Timeout: cmpOr(o.timeout, 5*time.Second), Idempotent: idem, Lookup: o.lookup, ReceiptsURL: o.receipts,
-	})
+	var prov *provider.Client
+	var err error
+	if o.twilio {
+		prov, err = provider.NewTwilio(provider.TwilioConfig{
+			BaseURL: cmpOr(o.baseURL, e.stubURL), AccountSID: testTwilio.AccountSID, AuthToken: testTwilio.AuthToken,
+			From: "+15550001111", Timeout: cmpOr(o.timeout, 5*time.Second), Lookup: o.lookup, ReceiptsURL: o.receipts,
+		})
+	} else {
+		prov, err = provider.New(provider.Config{
+			BaseURL: cmpOr(o.baseURL, e.stubURL), APIKey: testAPIKey,
+			Timeout: cmpOr(o.timeout, 5*time.Second), Idempotent: idem, Lookup: o.lookup, ReceiptsURL: o.receipts,
+		})
+	}
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -71,9 +71,11 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		// Ask the provider what became of the earlier attempts. Every
 		// attempt carried the same reference, so one lookup covers them all.
 		started := time.Now()
-		lr := s.cfg.Provider.Lookup(leased, provider.LookupQuery{
-			Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt,
-		})
+		q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
+		lr := s.cfg.Provider.Lookup(leased, q)
+		if lr.Err == nil && len(lr.Found) > 0 && s.cfg.Provider.LookupByContent() {
+			lr = s.attributeFound(leased, c, q, lr)
+		}
 		v = decideLookup(f, lr, pol)
 		result := lookupOf(lr)
 		s.metrics.lookups.WithLabelValues(result).Inc()
@@ -170,6 +172,31 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	s.calling.Add(-1)
 	results <- res
 	return called
+}
+
+// attributeFound keeps, of the messages a lookup by content found, those
+// that are the row's: a message whose id another row with the same number
+// and text holds is that row's, and while such a row's message is not
+// identified, nothing found can be told apart from it, so the lookup
+// settles nothing (an error: asked again later, then unknown).
+func (s *Sender) attributeFound(ctx context.Context, c outbox.Claim, q provider.LookupQuery, lr provider.LookupResult) provider.LookupResult {
+	dbCtx, cancel := context.WithTimeout(ctx, s.cfg.DBTimeout)
+	defer cancel()
+	twins, err := outbox.Twins(dbCtx, s.cfg.Pool, c.ID, c.To, c.Body, twinsSince(q.Since, lr.Found, s.cfg.Provider.Timeout()))
+	if err != nil {
+		lr.Found, lr.Err = nil, fmt.Errorf("lookup: read the rows with the same text: %w", err)
+		return lr
+	}
+	// The row's own provider id is never known here: a callback that
+	// names it moves the row to sent or later, and such a row is never
+	// claimed.
+	mine, ok := attribute(lr.Found, "", twins)
+	if !ok {
+		lr.Found, lr.Err = nil, errTwins
+		return lr
+	}
+	lr.Found = mine
+	return lr
 }
 
 // claimEarly is how much before its next_attempt_at a queued row may be

@@ -47,6 +47,10 @@ type Provider interface {
 	// it has for a reference; Lookup asks it.
 	CanLookup() bool
 	Lookup(ctx context.Context, q provider.LookupQuery) provider.LookupResult
+	// LookupByContent reports whether a lookup finds messages by number
+	// and text rather than by reference (Twilio): a message it finds may
+	// be another row's with the same text to the same number.
+	LookupByContent() bool
 }
 
 // Flow is what the sender needs of a shared rate limit (flow.Limiter).
