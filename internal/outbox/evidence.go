@@ -268,7 +268,8 @@ func insertLookups(ctx context.Context, tx pgx.Tx, results []Result, again bool)
 	sql := `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, detail, received_at, source)
 		SELECT v.id, 'lookup', v.result, v.ref, nullif(v.detail, ''), v.at, v.source
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[])
-			AS v(id, result, ref, detail, at, source)`
+			AS v(id, result, ref, detail, at, source)
+		JOIN sms_outbox o ON o.id = v.id` // a row lost with a failed-over primary keeps nothing
 	if again {
 		// One index lookup per answer, as for receipts (applyReceiptsSQL).
 		sql += `

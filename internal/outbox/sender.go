@@ -627,7 +627,9 @@ func clean(s string) string {
 }
 
 // insertAttempts appends attempts to the log; with again, records already
-// there (same row, attempt number and start) are skipped.
+// there (same row, attempt number and start) are skipped, and so are those
+// of rows that do not exist (any more: a failover lost their insert, or
+// retention purged them), which would otherwise fail the whole batch.
 func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bool) error {
 	if len(attempts) == 0 {
 		return nil
@@ -666,7 +668,10 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 	sql := `INSERT INTO sms_attempts
 		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
 		SELECT v.* FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
-		                       $6::int[], $7::int[], $8::text[], $9::text[]) AS v(outbox_id, attempt, started_at)`
+		                       $6::int[], $7::int[], $8::text[], $9::text[]) AS v(outbox_id, attempt, started_at)
+		-- A row that is gone keeps no record: its insert was lost with a
+		-- failed-over primary, while a sender held its outcome.
+		JOIN sms_outbox o ON o.id = v.outbox_id`
 	if again {
 		// One index lookup per record, as for receipts (applyReceiptsSQL):
 		// NOT EXISTS may be planned as a scan of the whole log.

@@ -503,6 +503,45 @@ func TestMissedWriteKeepsItsCaution(t *testing.T) {
 	}
 }
 
+// A sender holds the outcome of a row whose insert was lost with a
+// failed-over primary: its status write, with the attempt's record and a
+// lookup's evidence, commits for the rows that exist and keeps nothing of
+// the one that is gone, rather than fail the batch forever on the foreign
+// keys (which stalled every status write of the sender).
+func TestOutcomesOfAVanishedRow(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	kept := enqueue(t, pool, "+15551234567", "a")
+	gone := uuid.New()
+	ck := claimOne(t, pool, kept, uuid.New())
+	now := time.Now()
+	rs := []outbox.Result{
+		{ID: kept, Status: outbox.StatusQueued, Error: "timeout", RetryIn: time.Second, Token: ck.Token, MaybeAccepted: true, LookupPending: true},
+		{ID: gone, Status: outbox.StatusQueued, Error: "timeout", RetryIn: time.Second, Token: uuid.New(), MaybeAccepted: true, LookupPending: true,
+			Lookup: &outbox.Evidence{Kind: "lookup", Result: "none", ReceivedAt: now, Source: "sender"}},
+	}
+	as := []outbox.Attempt{
+		{OutboxID: kept, Number: 1, StartedAt: now, Outcome: "ambiguous", Sender: "s"},
+		{OutboxID: gone, Number: 1, StartedAt: now, Outcome: "ambiguous", Sender: "s"},
+	}
+	var written map[uuid.UUID]outbox.Written
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		written, err = outbox.ApplyResults(ctx, tx, rs, as, false)
+		return err
+	}); err != nil {
+		t.Fatalf("the batch failed on the vanished row: %v", err)
+	}
+	if _, ok := written[kept]; !ok || len(written) != 1 {
+		t.Fatalf("written = %v, want the existing row only", written)
+	}
+	var logged int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM sms_attempts WHERE outbox_id = $1`, kept).Scan(&logged); err != nil || logged != 1 {
+		t.Fatalf("attempts of the existing row: %d, %v; want 1", logged, err)
+	}
+}
+
 // Dead letters: a dead row has none recorded until MarkLettered, and the
 // reconciler's search finds it meanwhile (once old enough); a replayed row
 // (a new generation) is not marked by a letter of the old one.
