@@ -286,21 +286,57 @@ func MaskPhone(e164 string) string {
 }
 
 // MiscountedAttempts counts the rows among ids (every row when ids is nil)
-// whose attempt_count is not the attempts that spent one: those the log
-// holds, 429s aside, and a first attempt that was sent, which
-// only its row records (the rule Attempts follows). A provider's rate limit
-// must never cost an attempt, so a healthy pipeline has none, rows an
-// operator replayed aside (their count starts again beside the older
-// records).
+// whose attempt_count does not match the attempts log: a test oracle, for
+// the rule that only an attempt spends one of a row's max_attempts (a 429
+// and a lookup give it back).
+//
+// The count and the log meet by attempt number. A claim takes the next
+// number (attempt_count + 1); a 429, and a lookup that settles the row or
+// fails, are logged under it and give it back, so that the next claim
+// takes the same number again; a lookup that finds nothing is logged
+// beside the call that follows it, under the same number; the first
+// attempt of a row never republished, when it was sent, is described by
+// its row and not logged (the rule Attempts follows); a sender that dies
+// mid-call logs nothing (the stale claim after it takes the next number),
+// and the reconciler that finishes such a row logs its decision under the
+// dead attempt's number. A replay starts the count again at 0 while the log
+// keeps the older records, so only the records since the row's latest
+// replay count: those after the last place, in order of start, where the
+// numbers go down. A row is miscounted when, among those records:
+//   - a number the count includes has records, but only of 429s and
+//     lookups: an attempt was charged for a call that was not made (the
+//     first attempt sent, which its row describes, aside);
+//   - a record of a call (or of a decision that ended the row) has a
+//     number beyond the count: a spent attempt was given back.
+//
+// A number without any record is a sender that died mid-call: a charge
+// that leaves no record at all looks the same and is not seen; nor is one
+// hidden by a record of the same number from before a replay that the
+// numbers do not show (a replay right after attempt 1).
 func MiscountedAttempts(ctx context.Context, q Querier, ids []uuid.UUID) (int, error) {
 	var n int
-	err := q.QueryRow(ctx, `SELECT count(*) FROM sms_outbox o
-		WHERE ($1::uuid[] IS NULL OR o.id = ANY($1::uuid[]))
-		  AND o.attempt_count <>
-		      (SELECT count(*) FROM sms_attempts a WHERE a.outbox_id = o.id AND a.outcome <> 'rate_limited')
-		      + CASE WHEN o.sent_at IS NOT NULL AND o.publish_gen = 0 AND NOT EXISTS (SELECT 1 FROM sms_attempts a
-		                 WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
-		             THEN 1 ELSE 0 END`, idsOrNull(ids)).Scan(&n)
+	err := q.QueryRow(ctx, `
+WITH r AS (
+	SELECT id, attempt_count, publish_gen, sent_at FROM sms_outbox
+	WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
+), log AS (
+	SELECT a.outbox_id, a.attempt, a.outcome NOT IN ('rate_limited', 'lookup') AS spends, a.started_at, a.id,
+	       CASE WHEN a.attempt < lag(a.attempt) OVER w THEN 1 ELSE 0 END AS restart
+	FROM sms_attempts a JOIN r ON r.id = a.outbox_id
+	WINDOW w AS (PARTITION BY a.outbox_id ORDER BY a.started_at, a.id)
+), replays AS (
+	SELECT *, sum(restart) OVER (PARTITION BY outbox_id ORDER BY started_at, id) AS replay FROM log
+), numbers AS (
+	SELECT outbox_id, attempt, bool_or(spends) AS spent
+	FROM (SELECT *, max(replay) OVER (PARTITION BY outbox_id) AS latest FROM replays) x
+	WHERE replay = latest
+	GROUP BY outbox_id, attempt
+)
+SELECT count(*) FROM r
+WHERE EXISTS (SELECT 1 FROM numbers n WHERE n.outbox_id = r.id
+	AND ((n.attempt <= r.attempt_count AND NOT n.spent
+	      AND NOT (n.attempt = 1 AND r.attempt_count = 1 AND r.publish_gen = 0 AND r.sent_at IS NOT NULL))
+	  OR (n.spent AND n.attempt > r.attempt_count)))`, idsOrNull(ids)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: count miscounted attempts: %w", err)
 	}
