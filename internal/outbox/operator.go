@@ -35,8 +35,9 @@ type ReplayTarget struct {
 type ReplayOptions struct {
 	// DryRun reports what would be done and changes nothing.
 	DryRun bool
-	// Force replays unknown rows that are not SafeUnknown: at a provider
-	// without idempotency the message may then be sent twice.
+	// Force replays unknown rows that are not SafeUnknown, and rows with
+	// evidence that the provider may have their message (ReplayResult.
+	// Evidence): the message may then be sent twice.
 	Force bool
 }
 
@@ -53,8 +54,13 @@ type ReplayResult struct {
 	Gen int32
 	// Refused says why the row was not replayed (when not replayed).
 	Refused string
-	// NeedsForce marks an unknown row refused only for want of Force.
+	// NeedsForce marks a row refused only for want of Force: unknown at a
+	// provider that may not honour idempotency keys, or with Evidence.
 	NeedsForce bool
+	// Evidence names what was recorded that says the provider may have the
+	// row's message (a receipt, or a lookup that found it once or more),
+	// empty when nothing does; such a row is replayed only with Force.
+	Evidence string
 }
 
 // Replay puts dead or unknown rows back to pending with the same id (the
@@ -62,8 +68,11 @@ type ReplayResult struct {
 // deduplicate the republication) and a fresh attempt budget; the attempts
 // log keeps the history. Sent rows are refused, and so are rows still in
 // flight, rows whose letter is stale (see ReplayTarget.FromLetter) and,
-// unless opts.Force, unknown rows that are not SafeUnknown. It returns one
-// result per distinct row, in the order of targets.
+// unless opts.Force, rows with evidence that the provider may have their
+// message (a receipt, or a lookup that found it, at any time: a provider's
+// key may have expired since, and the replay would send it again) and
+// unknown rows that are not SafeUnknown. It returns one result per
+// distinct row, in the order of targets.
 func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayOptions) ([]ReplayResult, error) {
 	ids := make([]uuid.UUID, 0, len(targets))
 	for _, t := range targets {
@@ -89,6 +98,10 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 	}); err != nil {
 		return nil, fmt.Errorf("outbox: replay: %w", err)
 	}
+	evidence, err := providerMayHave(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
 	// A row named by several letters is replayed by the one that describes
 	// its current state, if any.
 	pick := map[uuid.UUID]ReplayTarget{}
@@ -107,7 +120,7 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 	for _, id := range order {
 		t := pick[id]
 		c, ok := byID[id]
-		r := ReplayResult{ID: id, Status: c.status}
+		r := ReplayResult{ID: id, Status: c.status, Evidence: evidence[id]}
 		switch {
 		case !ok:
 			r.Refused = "no such row"
@@ -116,6 +129,9 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		case !matches(t, c.gen, c.reason):
 			r.Refused = fmt.Sprintf("stale letter (generation %d, %s): the row is now %s in generation %d (%s)",
 				t.Gen, t.Reason, c.status, c.gen, c.reason)
+		case r.Evidence != "" && !opts.Force:
+			r.Refused = "the provider may have the message: " + r.Evidence + "; a replay may send it again (relay dlq replay -force, after relay trace)"
+			r.NeedsForce = true
 		case c.status == StatusUnknown && !t.SafeUnknown && !opts.Force:
 			r.Refused = "unknown at a provider that may not honour idempotency keys: a replay may send it twice (-force)"
 			r.NeedsForce = true
@@ -140,6 +156,45 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		if _, err := tx.Exec(ctx, `SELECT pg_notify('sms_outbox', '')`); err != nil {
 			return nil, fmt.Errorf("outbox: replay: notify: %w", err)
 		}
+	}
+	return out, nil
+}
+
+// providerMayHave returns, for the rows among ids with evidence that the
+// provider may have their message (any receipt; a lookup that found it
+// once or more), what the newest such record says, and how many there are.
+func providerMayHave(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+	rows, _ := tx.Query(ctx, `SELECT outbox_id, kind, result, source, received_at, count(*) OVER (PARTITION BY outbox_id)
+		FROM sms_evidence
+		WHERE outbox_id = ANY($1) AND (kind = 'receipt' OR (kind = 'lookup' AND result IN ('found', 'several')))
+		ORDER BY outbox_id, id DESC`, uuidArray(ids))
+	out := map[uuid.UUID]string{}
+	var (
+		id                   uuid.UUID
+		kind, result, source string
+		at                   time.Time
+		n                    int
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &kind, &result, &source, &at, &n}, func() error {
+		if _, seen := out[id]; seen {
+			return nil
+		}
+		when := at.UTC().Format(time.RFC3339)
+		what := fmt.Sprintf("a %s receipt from %s at %s", safetext.Field(result), safetext.Field(source), when)
+		if kind == "lookup" {
+			what = fmt.Sprintf("a lookup by %s at %s found it", safetext.Field(source), when)
+			if result == "several" {
+				what += " more than once"
+			}
+		}
+		if n > 1 {
+			what += fmt.Sprintf(", with %d more such records", n-1)
+		}
+		out[id] = what
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: replay: read evidence: %w", err)
 	}
 	return out, nil
 }
