@@ -108,9 +108,12 @@ and moves forward only:
 A retry takes a row from sending back to queued, which ends one attempt
 rather than going back. delivered and undelivered come from the provider's
 delivery receipts; until receipts are enabled a message ends at sent.
-dead, delivered and undelivered are final; sent and unknown may still be
-settled by a receipt. State.Terminal reports whether the pipeline is done
-with a message.
+delivered and undelivered are final; sent and unknown may still be settled
+by a receipt. dead is final too, save in one case: a signed receipt from the
+provider saying it had the message after all (sendonce concluded it never
+did). The provider's word wins, and the message becomes sent, delivered or
+undelivered as the receipt says. State.Terminal reports whether the pipeline
+is done with a message.
 
 # What the application needs
 

@@ -37,7 +37,8 @@ const (
 	StatusUndelivered State = "undelivered"
 	// StatusDead is a message that will not be sent: the provider refused
 	// it, or its attempts ran out while no attempt may have reached the
-	// provider. The user got nothing (final).
+	// provider. The user got nothing (final, unless a signed receipt from
+	// the provider says it had the message: the status then follows it).
 	StatusDead State = "dead"
 	// StatusUnknown is a message an attempt may or may not have delivered
 	// (a lost response at a provider without idempotency). It is never
@@ -47,7 +48,8 @@ const (
 
 // Terminal reports whether the pipeline is done with a message in state s:
 // no sender will call the provider for it again. A sent or unknown message
-// may still be settled by a delivery receipt.
+// may still be settled by a delivery receipt, and so may a dead one the
+// provider reports having after all.
 func (s State) Terminal() bool {
 	switch s {
 	case StatusSent, StatusDelivered, StatusUndelivered, StatusDead, StatusUnknown:

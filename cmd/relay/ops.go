@@ -35,9 +35,10 @@ max_attempts, ambiguous or invalid. A list shows -limit letters (default 100)
 and the -after SEQ of the next page. A replay by reason needs -since or
 -limit; it commits -batch rows per transaction (default 100) at -rate rows a
 second at most (default 100). A letter replays its row only while the row is
-still in the state the letter describes (same generation and reason); an
-unknown row is replayed only with -force unless its letter records a provider
-that honours idempotency keys.`
+still in the state the letter describes (same generation and reason). Only
+with -force: a row with evidence that the provider may have its message (a
+receipt, or a lookup that found it), and an unknown row unless its letter
+records a provider that honours idempotency keys.`
 
 // Bounds of the operator commands' pages and batches.
 const (
@@ -88,7 +89,7 @@ func runOps(ctx context.Context, cmd string, args []string, getenv func(string) 
 	if verb == "replay" {
 		fs.StringVar(&c.id, "id", "", "replay this row")
 		fs.BoolVar(&c.dryRun, "dry-run", false, "show what would be replayed, change nothing")
-		fs.BoolVar(&c.force, "force", false, "also replay unknown rows whose provider may not honour idempotency keys (the user may get the message twice)")
+		fs.BoolVar(&c.force, "force", false, "also replay rows with evidence that the provider may have the message (a receipt, a lookup that found it) and unknown rows whose provider may not honour idempotency keys (the user may get the message twice)")
 		fs.IntVar(&c.limit, "limit", 0, "replay by reason: read at most this many matching letters (0: all since -since)")
 		fs.IntVar(&c.batch, "batch", defaultReplayBatch, fmt.Sprintf("replay by reason: rows per transaction (at most %d)", maxReplayBatch))
 		fs.Float64Var(&c.rate, "rate", defaultReplayRate, "replay by reason: rows a second at most")
@@ -355,6 +356,9 @@ func replayByReason(ctx context.Context, c opsConfig, out io.Writer) error {
 // replayTally counts what a replay did.
 type replayTally struct {
 	rows, replayed, refused, needForce int
+	// evidence counts the rows refused for evidence that the provider may
+	// have their message (needForce the others refused for want of -force).
+	evidence int
 	// transactions is the number of transactions committed (or, in a
 	// dry run, rolled back).
 	transactions int
@@ -381,6 +385,11 @@ func (t *replayTally) replayBatch(ctx context.Context, conn *pgx.Conn, c opsConf
 	for _, r := range results {
 		t.rows++
 		switch {
+		case r.Replayed && r.Evidence != "":
+			t.replayed++
+			replayed = append(replayed, r.ID)
+			fmt.Fprintf(out, "%s  %s (was %s; forced, though the provider may have it: %s; the user may get it twice; publish generation %d, same idempotency key)\n",
+				r.ID, verb, r.Status, r.Evidence, r.Gen)
 		case r.Replayed && r.Status == outbox.StatusUnknown:
 			t.replayed++
 			replayed = append(replayed, r.ID)
@@ -391,7 +400,10 @@ func (t *replayTally) replayBatch(ctx context.Context, conn *pgx.Conn, c opsConf
 			fmt.Fprintf(out, "%s  %s (was %s; publish generation %d, same idempotency key)\n", r.ID, verb, r.Status, r.Gen)
 		default:
 			t.refused++
-			if r.NeedsForce {
+			switch {
+			case r.NeedsForce && r.Evidence != "":
+				t.evidence++
+			case r.NeedsForce:
 				t.needForce++
 			}
 			fmt.Fprintf(out, "%s  refused: %s\n", r.ID, r.Refused)
@@ -411,6 +423,9 @@ func (t *replayTally) summary(c opsConfig, out io.Writer) {
 		verb = "would replay"
 	}
 	fmt.Fprintf(out, "%d %s, %d refused (%d transactions)\n", t.replayed, verb, t.refused, t.transactions)
+	if t.evidence > 0 {
+		fmt.Fprintf(out, "%d rows need -force: a receipt or a lookup says the provider may have the message, so a replay may send it again; check them with relay trace first\n", t.evidence)
+	}
 	if t.needForce > 0 {
 		fmt.Fprintf(out, "%d unknown rows need -force: their provider may not honour idempotency keys, so a replay may send them twice; check them with relay trace first\n", t.needForce)
 	}

@@ -177,6 +177,79 @@ func TestDLQReplay(t *testing.T) {
 	}
 }
 
+// evidence records a receipt or a lookup of row id, as the receiver, a
+// sender or relay resolve does.
+func (o *opsEnv) evidence(t *testing.T, id uuid.UUID, kind, result, source string) {
+	t.Helper()
+	if _, err := o.pool.Exec(context.Background(), `INSERT INTO sms_evidence (outbox_id, kind, result, source) VALUES ($1, $2, $3, $4)`,
+		id, kind, result, source); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A row with evidence that the provider may have its message (a receipt; a
+// lookup that found it once, or more) is refused, with that evidence named,
+// unless forced: even an unknown row whose letter records an idempotent
+// provider (whose key may have expired since). A lookup that found nothing
+// or failed is no such evidence.
+func TestDLQReplayRefusesRowsTheProviderMayHave(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	ctx := context.Background()
+	// Dead before receipts moved dead rows, its receipt recorded only.
+	received := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	o.evidence(t, received, "receipt", "delivered", "generic")
+	found := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	o.evidence(t, found, "lookup", "none", "sender")
+	o.evidence(t, found, "lookup", "found", "resolve")
+	several := o.kill(t, outbox.StatusUnknown, wire.ReasonAmbiguous)
+	o.letter(t, several, 0, wire.ReasonAmbiguous, deadletter.ProviderIdempotent) // a duplicate: the first letter stays
+	if _, err := o.pool.Exec(ctx, `UPDATE sms_outbox SET publish_gen = 1 WHERE id = $1`, several); err != nil {
+		t.Fatal(err)
+	}
+	o.letter(t, several, 1, wire.ReasonAmbiguous, deadletter.ProviderIdempotent)
+	o.evidence(t, several, "lookup", "several", "sender")
+	o.evidence(t, several, "lookup", "several", "resolve")
+	nothing := o.kill(t, outbox.StatusDead, wire.ReasonPermanent)
+	o.evidence(t, nothing, "lookup", "none", "resolve")
+	o.evidence(t, nothing, "lookup", "failed", "sender")
+
+	for id, why := range map[uuid.UUID]string{
+		received: "refused: the provider may have the message: a delivered receipt from generic at ",
+		found:    "refused: the provider may have the message: a lookup by resolve at ",
+		several:  "refused: the provider may have the message: a lookup by resolve at ",
+	} {
+		code, out, errOut := o.run(t, "dlq", "replay", "-id", id.String())
+		if code != 1 || !strings.Contains(out, id.String()+"  "+why) || !strings.Contains(out, "a replay may send it again") ||
+			!strings.Contains(out, "1 rows need -force: a receipt or a lookup says the provider may have the message") {
+			t.Errorf("replay -id of a row with evidence: exit %d\n%s%s", code, out, errOut)
+		}
+	}
+	if _, out, _ := o.run(t, "dlq", "replay", "-id", found.String(), "-dry-run"); !strings.Contains(out, "found it; a replay may send it again") {
+		t.Errorf("a lookup that found it once:\n%s", out)
+	}
+	if _, out, _ := o.run(t, "dlq", "replay", "-id", several.String(), "-dry-run"); !strings.Contains(out, "found it more than once, with 1 more such records;") {
+		t.Errorf("the newest of two lookups is named, with the count of the others:\n%s", out)
+	}
+	code, out, errOut := o.run(t, "dlq", "replay", "-reason", "permanent", "-since", "1h")
+	if code != 0 || !strings.Contains(out, nothing.String()+"  replayed (was dead") || !strings.Contains(out, "1 replayed, 2 refused") ||
+		!strings.Contains(out, "2 rows need -force: a receipt or a lookup") {
+		t.Fatalf("replay by reason: exit %d\n%s%s", code, out, errOut)
+	}
+	for id, want := range map[uuid.UUID]outbox.State{received: outbox.StatusDead, found: outbox.StatusDead, several: outbox.StatusUnknown, nothing: outbox.StatusPending} {
+		if st, _ := outbox.Status(ctx, o.pool, id); st.Status != want {
+			t.Errorf("row %s is %s, want %s", id, st.Status, want)
+		}
+	}
+	code, out, errOut = o.run(t, "dlq", "replay", "-id", several.String(), "-force")
+	if code != 0 || !strings.Contains(out, several.String()+"  replayed (was unknown; forced, though the provider may have it: a lookup by resolve at ") {
+		t.Fatalf("replay -force: exit %d\n%s%s", code, out, errOut)
+	}
+	if st, _ := outbox.Status(ctx, o.pool, several); st.Status != outbox.StatusPending {
+		t.Errorf("the forced row is %s", st.Status)
+	}
+}
+
 // A stale letter replays nothing: a row dead (permanent) in generation 0 was
 // replayed and ended unknown in generation 1; its old permanent letter must
 // not put it back through the provider.

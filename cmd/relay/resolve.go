@@ -25,9 +25,11 @@ const resolveUsage = `relay resolve (-id ID | -all) [-dry-run] [-limit N]
 asks the provider (SMS_API_* settings, as the sender's) what became of
 unknown rows and settles them: one message found -> sent, delivered or
 undelivered; none -> dead (it never reached the provider: replay it to
-send); several, or a lookup that fails -> left unknown. Rows unknown for
-less than SMS_API_LOOKUP_SETTLE are skipped. At Twilio the lookup matches
-the number and the body: run it with a database role that may read them.`
+send), unless the row's first attempt is older than
+SMS_API_LOOKUP_RETENTION (the provider may no longer show what it sent);
+several, or a lookup that fails -> left unknown. Rows unknown for less
+than SMS_API_LOOKUP_SETTLE are skipped. At Twilio the lookup matches the
+number and the body: run it with a database role that may read them.`
 
 type resolveConfig struct {
 	databaseURL string
@@ -87,6 +89,9 @@ type resolution struct {
 	lookup  provider.LookupResult
 	settle  outbox.Settlement
 	skipped bool
+	// expired: the lookup found nothing, but the row's first attempt is
+	// older than the provider's lookup retention.
+	expired bool
 	moved   bool
 	err     error
 }
@@ -103,7 +108,8 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 	}
 	defer pool.Close()
 	content := c.provider.Kind == "twilio"
-	rows, err := outbox.UnknownRows(ctx, pool, id, c.provider.LookupSettle, c.limit, content)
+	rows, err := outbox.UnknownRows(ctx, pool, outbox.UnknownQuery{ID: id, Limit: c.limit, Settle: c.provider.LookupSettle,
+		Retention: c.provider.LookupRetention, Content: content})
 	if err != nil {
 		if content && strings.Contains(err.Error(), "permission denied") {
 			return fmt.Errorf("%w (a lookup at Twilio matches the number and the body: use a role that may read them)", err)
@@ -139,6 +145,9 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 			continue
 		}
 		x.settle = settlement(x.lookup)
+		if x.settle.Status == outbox.StatusDead && x.row.BeyondRetention {
+			x.settle, x.expired = pastRetention(x.settle, x.row, c.provider.LookupRetention), true
+		}
 		if !c.dryRun {
 			x.moved, x.err = settleRow(ctx, pool, x.row, x.settle)
 		}
@@ -147,6 +156,10 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 		case x.err != nil:
 			verdict = "not written: " + x.err.Error()
 			counts["errors"]++
+		case x.expired:
+			verdict = "stays unknown (SMS_API_LOOKUP_RETENTION " + c.provider.LookupRetention.String() + ")"
+			counts["unknown"]++
+			counts["expired"]++
 		case x.settle.Status == "":
 			verdict = "stays unknown"
 			counts["unknown"]++
@@ -169,6 +182,9 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 	fmt.Fprintf(out, "looked up %d of %d unknown rows: sent %d, delivered %d, undelivered %d, dead %d, still unknown %d, skipped %d",
 		len(rows)-counts["skipped"], len(rows), counts["sent"], counts["delivered"], counts["undelivered"], counts["dead"],
 		counts["unknown"], counts["skipped"])
+	if counts["expired"] > 0 {
+		fmt.Fprintf(out, ", past the lookup retention %d", counts["expired"])
+	}
 	if counts["changed"]+counts["errors"] > 0 {
 		fmt.Fprintf(out, ", changed meanwhile %d, errors %d", counts["changed"], counts["errors"])
 	}
@@ -206,6 +222,19 @@ func settlement(l provider.LookupResult) outbox.Settlement {
 		s.Lookup.Result = "several"
 		s.Lookup.Detail = fmt.Sprintf("lookup: the provider has %d messages for this reference: it was sent more than once", len(l.Found))
 	}
+	return s
+}
+
+// pastRetention is what an empty lookup settles for a row whose first
+// attempt is older than the provider's lookup retention: nothing. The
+// provider may have taken the message and no longer show it, and dead
+// would promise the user got nothing; the row stays unknown, the lookup
+// recorded with the reason.
+func pastRetention(s outbox.Settlement, r outbox.UnknownRow, retention time.Duration) outbox.Settlement {
+	s.Status = ""
+	// An age, not a time: the detail is shown with runs of digits masked.
+	s.Lookup.Detail = fmt.Sprintf("lookup: the provider has no message for this reference, but the row's first attempt, %s ago, is older than the provider's lookup retention (%s): left unknown",
+		time.Since(r.FirstAttempt).Round(time.Minute), retention)
 	return s
 }
 

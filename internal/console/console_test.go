@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -412,6 +413,47 @@ func TestReplayPreviewThenConfirm(t *testing.T) {
 		if strings.Contains(page, secret) {
 			t.Errorf("message page shows %q", secret)
 		}
+	}
+}
+
+// A row with evidence that the provider may have its message is refused
+// by the console with that evidence named, in the preview and in a
+// confirmation, which is audited as refused: the console never forces a
+// replay (relay dlq replay -force is for after a look with relay trace).
+func TestReplayRefusesRowsTheProviderMayHave(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	id := f.deadRow()
+	if _, err := f.owner.Exec(ctx, `INSERT INTO sms_evidence (outbox_id, kind, result, source) VALUES ($1, 'receipt', 'delivered', 'twilio')`, id); err != nil {
+		t.Fatal(err)
+	}
+	c, csrf := f.login("alice", operatorPassword)
+	res, page := f.do(c, "POST", "/dead-letters/replay", url.Values{"id": {id.String()}, "action": {"preview"}, "csrf": {csrf}})
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `data-field="would-replay">0<`) ||
+		!strings.Contains(page, "refused: the provider may have the message: a delivered receipt from twilio at ") ||
+		strings.Contains(page, `data-action="replay-confirm"`) {
+		t.Fatalf("preview: %s\n%s", res.Status, page)
+	}
+	var seq int64
+	if err := f.owner.QueryRow(ctx, `SELECT letter_seq FROM sms_outbox WHERE id = $1`, id).Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	res, page = f.do(c, "POST", "/dead-letters/replay", url.Values{"id": {id.String()}, "letter": {strconv.FormatInt(seq, 10)},
+		"action": {"confirm"}, "csrf": {csrf}})
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `data-field="replayed">0<`) || !strings.Contains(page, "a replay may send it again") {
+		t.Fatalf("confirm: %s\n%s", res.Status, page)
+	}
+	if s, gen := f.status(id); s != "dead" || gen != 0 {
+		t.Fatalf("the row is %s in generation %d, want dead in 0", s, gen)
+	}
+	var replayed []uuid.UUID
+	var refused int
+	if err := f.owner.QueryRow(ctx, `SELECT replayed, refused FROM sendonce_console_audit`).Scan(&replayed, &refused); err != nil {
+		t.Fatal(err)
+	}
+	if len(replayed) != 0 || refused != 1 {
+		t.Fatalf("audit: replayed %v, refused %d; want none and 1", replayed, refused)
 	}
 }
 

@@ -448,7 +448,11 @@ func (c *Console) replayLetters(ctx context.Context, r *http.Request, s *session
 		var err error
 		if len(targets) > 0 {
 			// Never forced: an unknown row whose provider may not honour
-			// idempotency keys is for relay dlq replay -force, after a look.
+			// idempotency keys, and a row with evidence that the provider
+			// may have its message, are refused with the reason shown;
+			// they are for relay dlq replay -force, after a look with
+			// relay trace. A button that sends a message twice is one
+			// click too close.
 			if results, err = outbox.Replay(ctx, tx, targets, outbox.ReplayOptions{DryRun: dryRun}); err != nil {
 				return err
 			}

@@ -402,8 +402,10 @@ func TestConsoleRoleGrants(t *testing.T) {
 			}},
 			{"find by ref", func() error { _, err := outbox.FindByProviderRef(ctx, tx, "msg_1"); return err }},
 			{"replay", func() error {
-				rs, err := outbox.Replay(ctx, tx, []outbox.ReplayTarget{{ID: dead, FromLetter: true, Reason: "permanent"}}, outbox.ReplayOptions{})
-				if err == nil && (len(rs) != 1 || !rs[0].Replayed) {
+				// Forced over the lookup that found it: the role reads the
+				// evidence, and writes the replay.
+				rs, err := outbox.Replay(ctx, tx, []outbox.ReplayTarget{{ID: dead, FromLetter: true, Reason: "permanent"}}, outbox.ReplayOptions{Force: true})
+				if err == nil && (len(rs) != 1 || !rs[0].Replayed || !strings.Contains(rs[0].Evidence, "found it")) {
 					return fmt.Errorf("replay: %+v", rs)
 				}
 				return err

@@ -44,8 +44,10 @@ type ReceiptResult struct {
 }
 
 // Contradicted reports whether the receipt says the provider had a message
-// the row says never reached it (a dead row): the receipt is recorded, the
-// row is not moved (dead is final), and a person should look.
+// the row says never reached it (a dead row). The provider's signed word
+// wins over sendonce's own conclusion: the row moved to what the receipt
+// says (Applied), so that nobody replays a message the user may have, and
+// a person should look at how it came to be dead.
 func (r ReceiptResult) Contradicted() bool { return r.Found && r.Prev == StatusDead }
 
 // SettledUnknown reports whether the receipt settled an unknown row.
@@ -55,7 +57,9 @@ func (r ReceiptResult) SettledUnknown() bool { return r.Applied && r.Prev == Sta
 // id order, $2 statuses, $3 provider refs, $4 codes, $5 reported times, $6
 // sources. It locks the rows, records each receipt not recorded before,
 // moves each row its receipt may move, and answers per receipt (in input
-// order) the row's status before and whether it moved.
+// order) the row's status before and whether it moved. A dead row is moved
+// by a statement of its own (revived), which writes its end_reason and
+// last_error without reading them: the receiver's role may not.
 const applyReceiptsSQL = `
 WITH v AS (
 	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::text[])
@@ -87,17 +91,34 @@ WITH v AS (
 	  AND CASE WHEN v.status = 'sent' THEN locked.status IN ('pending', 'queued', 'sending', 'unknown')
 	           ELSE locked.status IN ('pending', 'queued', 'sending', 'sent', 'unknown') END
 	RETURNING o.id
+), revived AS (
+	-- A dead row promised that the provider never took the message; its
+	-- signed receipt says it did. The row follows the receipt (I7), and
+	-- loses what said dead: its dead-letter reason, and its last error for
+	-- a note of what happened (the attempts and the letter keep the rest).
+	UPDATE sms_outbox o
+	SET status = v.status, provider_ref = coalesce(o.provider_ref, v.ref), lookup_pending = false,
+	    end_reason = NULL,
+	    last_error = 'was dead, then a ' || v.source || ' receipt reported the message '
+	                 || CASE v.status WHEN 'sent' THEN 'accepted' ELSE v.status END || ': the provider had it',
+	    sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
+	FROM v JOIN locked USING (id)
+	WHERE o.id = v.id AND locked.status = 'dead'
+	RETURNING o.id
 )
-SELECT v.k, locked.status, upd.id IS NOT NULL
-FROM v LEFT JOIN locked USING (id) LEFT JOIN upd USING (id)
+SELECT v.k, locked.status, upd.id IS NOT NULL OR revived.id IS NOT NULL
+FROM v LEFT JOIN locked USING (id) LEFT JOIN upd USING (id) LEFT JOIN revived USING (id)
 ORDER BY v.k`
 
 // ApplyReceipts records receipts as evidence of their rows and moves each row
 // as far as its receipt shows, never backwards: a delivery report over any
-// status but a final one (delivered, undelivered, dead), and evidence of
+// status but a final one (delivered, undelivered), and evidence of
 // acceptance over an unfinished or unknown row. So a receipt may come before
 // the sender's own sent write (that write then changes nothing), twice, or
-// out of order, and nothing is lost or undone. It returns one result per
+// out of order, and nothing is lost or undone. A receipt for a dead row
+// contradicts it (ReceiptResult.Contradicted) and moves it too, to sent,
+// delivered or undelivered: dead said the provider never took the message,
+// and the provider's signed word says otherwise. It returns one result per
 // receipt, in order. Rows are locked in id order, as every other writer
 // locks them.
 func ApplyReceipts(ctx context.Context, tx pgx.Tx, rs []Receipt) ([]ReceiptResult, error) {

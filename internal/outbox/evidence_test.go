@@ -28,7 +28,8 @@ func receipts(t *testing.T, pool *pgxpool.Pool, rs ...outbox.Receipt) []outbox.R
 }
 
 // Receipts move a row forward only: early (the row still sending), twice,
-// out of order, for an unknown row, for a dead one, for no row at all.
+// out of order, for an unknown row, for a dead one (which the provider's
+// word moves: TestReceiptsOverruleDead), for no row at all.
 func TestApplyReceipts(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
@@ -58,7 +59,7 @@ func TestApplyReceipts(t *testing.T) {
 		{Found: true, Prev: outbox.StatusSending, Applied: true},
 		{Found: true, Prev: outbox.StatusSent, Applied: true},
 		{Found: true, Prev: outbox.StatusUnknown, Applied: true},
-		{Found: true, Prev: outbox.StatusDead},
+		{Found: true, Prev: outbox.StatusDead, Applied: true},
 		{},
 		{Found: true, Prev: outbox.StatusDelivered},
 	}
@@ -70,7 +71,7 @@ func TestApplyReceipts(t *testing.T) {
 	if !res[2].SettledUnknown() || !res[3].Contradicted() {
 		t.Errorf("settled %v, contradicted %v", res[2].SettledUnknown(), res[3].Contradicted())
 	}
-	for id, w := range map[uuid.UUID]outbox.State{early: outbox.StatusDelivered, sent: outbox.StatusUndelivered, unknown: outbox.StatusSent, dead: outbox.StatusDead} {
+	for id, w := range map[uuid.UUID]outbox.State{early: outbox.StatusDelivered, sent: outbox.StatusUndelivered, unknown: outbox.StatusSent, dead: outbox.StatusDelivered} {
 		if st := status(t, pool, id); st.Status != w {
 			t.Errorf("row %s is %s, want %s", id, st.Status, w)
 		}
@@ -99,6 +100,80 @@ func TestApplyReceipts(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM sms_evidence WHERE outbox_id = $1`, missing).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("a receipt for no row was recorded (%d, %v)", n, err)
+	}
+}
+
+// A receipt for a dead row contradicts it: dead promised the provider never
+// took the message, and the provider's signed word says it did. The row
+// follows the receipt (delivered, undelivered, or sent on a report of
+// acceptance, with the provider's id), loses its dead-letter reason and
+// says in its last error what happened; its letter's sequence and its
+// attempts stay. A later receipt moves it on as for any row, and the same
+// receipt again changes nothing.
+func TestReceiptsOverruleDead(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	kill := func() uuid.UUID {
+		id := enqueue(t, pool, "+15551234567", "a")
+		p := &play{t: t, pool: pool, id: id}
+		p.claim()
+		p.permanent()
+		exec(t, pool, `UPDATE sms_outbox SET letter_seq = 7 WHERE id = $1`, id)
+		return id
+	}
+	delivered, undelivered, accepted, later := kill(), kill(), kill(), kill()
+	res := receipts(t, pool,
+		outbox.Receipt{ID: delivered, Status: outbox.StatusDelivered, ProviderRef: "msg_d", Source: "generic"},
+		outbox.Receipt{ID: undelivered, Status: outbox.StatusUndelivered, Code: 30003, Source: "twilio"},
+		outbox.Receipt{ID: accepted, Status: outbox.StatusSent, ProviderRef: "msg_a", Source: "generic"},
+		outbox.Receipt{ID: later, Status: outbox.StatusSent, Source: "generic"},
+	)
+	for i, r := range res {
+		if !r.Contradicted() || !r.Applied {
+			t.Errorf("receipt %d: %+v, want a contradiction that moved the row", i, r)
+		}
+	}
+	res = receipts(t, pool,
+		outbox.Receipt{ID: later, Status: outbox.StatusDelivered, ProviderRef: "msg_l", Source: "generic"},
+		outbox.Receipt{ID: delivered, Status: outbox.StatusDelivered, ProviderRef: "msg_d", Source: "generic"},
+	)
+	if want := (outbox.ReceiptResult{Found: true, Prev: outbox.StatusSent, Applied: true}); res[0] != want {
+		t.Errorf("a delivery report after the acceptance: %+v, want %+v", res[0], want)
+	}
+	if want := (outbox.ReceiptResult{Found: true, Prev: outbox.StatusDelivered}); res[1] != want {
+		t.Errorf("the same receipt again: %+v, want %+v", res[1], want)
+	}
+	for id, want := range map[uuid.UUID]struct {
+		status outbox.State
+		ref    string
+		note   string
+	}{
+		delivered:   {outbox.StatusDelivered, "msg_d", "was dead, then a generic receipt reported the message delivered: the provider had it"},
+		undelivered: {outbox.StatusUndelivered, "", "was dead, then a twilio receipt reported the message undelivered: the provider had it"},
+		accepted:    {outbox.StatusSent, "msg_a", "was dead, then a generic receipt reported the message accepted: the provider had it"},
+		later:       {outbox.StatusDelivered, "msg_l", "was dead, then a generic receipt reported the message accepted: the provider had it"},
+	} {
+		r, err := outbox.GetRow(ctx, pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sentAt *time.Time
+		if err := pool.QueryRow(ctx, `SELECT sent_at FROM sms_outbox WHERE id = $1`, id).Scan(&sentAt); err != nil {
+			t.Fatal(err)
+		}
+		letter := int64(-1)
+		if r.LetterSeq != nil {
+			letter = *r.LetterSeq
+		}
+		if r.Status != want.status || r.ProviderRef != want.ref || r.EndReason != "" || r.LastError != want.note || letter != 7 || sentAt == nil {
+			t.Errorf("row %s: status %s, ref %q, end reason %q, last error %q, letter %d, sent_at %v; want %s, %q, no reason, %q, letter 7, sent_at set",
+				id, r.Status, r.ProviderRef, r.EndReason, r.LastError, letter, sentAt, want.status, want.ref, want.note)
+		}
+		// The attempt that failed stays the row's only one.
+		if atts, err := outbox.Attempts(ctx, pool, id); err != nil || len(atts) != 1 || atts[0].Outcome != "permanent" {
+			t.Errorf("attempts of %s: %+v, %v", id, atts, err)
+		}
 	}
 }
 

@@ -35,8 +35,9 @@ type ReplayTarget struct {
 type ReplayOptions struct {
 	// DryRun reports what would be done and changes nothing.
 	DryRun bool
-	// Force replays unknown rows that are not SafeUnknown: at a provider
-	// without idempotency the message may then be sent twice.
+	// Force replays unknown rows that are not SafeUnknown, and rows with
+	// evidence that the provider may have their message (ReplayResult.
+	// Evidence): the message may then be sent twice.
 	Force bool
 }
 
@@ -53,8 +54,13 @@ type ReplayResult struct {
 	Gen int32
 	// Refused says why the row was not replayed (when not replayed).
 	Refused string
-	// NeedsForce marks an unknown row refused only for want of Force.
+	// NeedsForce marks a row refused only for want of Force: unknown at a
+	// provider that may not honour idempotency keys, or with Evidence.
 	NeedsForce bool
+	// Evidence names what was recorded that says the provider may have the
+	// row's message (a receipt, or a lookup that found it once or more),
+	// empty when nothing does; such a row is replayed only with Force.
+	Evidence string
 }
 
 // Replay puts dead or unknown rows back to pending with the same id (the
@@ -62,8 +68,11 @@ type ReplayResult struct {
 // deduplicate the republication) and a fresh attempt budget; the attempts
 // log keeps the history. Sent rows are refused, and so are rows still in
 // flight, rows whose letter is stale (see ReplayTarget.FromLetter) and,
-// unless opts.Force, unknown rows that are not SafeUnknown. It returns one
-// result per distinct row, in the order of targets.
+// unless opts.Force, rows with evidence that the provider may have their
+// message (a receipt, or a lookup that found it, at any time: a provider's
+// key may have expired since, and the replay would send it again) and
+// unknown rows that are not SafeUnknown. It returns one result per
+// distinct row, in the order of targets.
 func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayOptions) ([]ReplayResult, error) {
 	ids := make([]uuid.UUID, 0, len(targets))
 	for _, t := range targets {
@@ -89,6 +98,10 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 	}); err != nil {
 		return nil, fmt.Errorf("outbox: replay: %w", err)
 	}
+	evidence, err := providerMayHave(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
 	// A row named by several letters is replayed by the one that describes
 	// its current state, if any.
 	pick := map[uuid.UUID]ReplayTarget{}
@@ -107,7 +120,7 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 	for _, id := range order {
 		t := pick[id]
 		c, ok := byID[id]
-		r := ReplayResult{ID: id, Status: c.status}
+		r := ReplayResult{ID: id, Status: c.status, Evidence: evidence[id]}
 		switch {
 		case !ok:
 			r.Refused = "no such row"
@@ -116,6 +129,9 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		case !matches(t, c.gen, c.reason):
 			r.Refused = fmt.Sprintf("stale letter (generation %d, %s): the row is now %s in generation %d (%s)",
 				t.Gen, t.Reason, c.status, c.gen, c.reason)
+		case r.Evidence != "" && !opts.Force:
+			r.Refused = "the provider may have the message: " + r.Evidence + "; a replay may send it again (relay dlq replay -force, after relay trace)"
+			r.NeedsForce = true
 		case c.status == StatusUnknown && !t.SafeUnknown && !opts.Force:
 			r.Refused = "unknown at a provider that may not honour idempotency keys: a replay may send it twice (-force)"
 			r.NeedsForce = true
@@ -140,6 +156,45 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		if _, err := tx.Exec(ctx, `SELECT pg_notify('sms_outbox', '')`); err != nil {
 			return nil, fmt.Errorf("outbox: replay: notify: %w", err)
 		}
+	}
+	return out, nil
+}
+
+// providerMayHave returns, for the rows among ids with evidence that the
+// provider may have their message (any receipt; a lookup that found it
+// once or more), what the newest such record says, and how many there are.
+func providerMayHave(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+	rows, _ := tx.Query(ctx, `SELECT outbox_id, kind, result, source, received_at, count(*) OVER (PARTITION BY outbox_id)
+		FROM sms_evidence
+		WHERE outbox_id = ANY($1) AND (kind = 'receipt' OR (kind = 'lookup' AND result IN ('found', 'several')))
+		ORDER BY outbox_id, id DESC`, uuidArray(ids))
+	out := map[uuid.UUID]string{}
+	var (
+		id                   uuid.UUID
+		kind, result, source string
+		at                   time.Time
+		n                    int
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &kind, &result, &source, &at, &n}, func() error {
+		if _, seen := out[id]; seen {
+			return nil
+		}
+		when := at.UTC().Format(time.RFC3339)
+		what := fmt.Sprintf("a %s receipt from %s at %s", safetext.Field(result), safetext.Field(source), when)
+		if kind == "lookup" {
+			what = fmt.Sprintf("a lookup by %s at %s found it", safetext.Field(source), when)
+			if result == "several" {
+				what += " more than once"
+			}
+		}
+		if n > 1 {
+			what += fmt.Sprintf(", with %d more such records", n-1)
+		}
+		out[id] = what
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: replay: read evidence: %w", err)
 	}
 	return out, nil
 }
@@ -286,21 +341,57 @@ func MaskPhone(e164 string) string {
 }
 
 // MiscountedAttempts counts the rows among ids (every row when ids is nil)
-// whose attempt_count is not the attempts that spent one: those the log
-// holds, 429s aside, and a first attempt that was sent, which
-// only its row records (the rule Attempts follows). A provider's rate limit
-// must never cost an attempt, so a healthy pipeline has none, rows an
-// operator replayed aside (their count starts again beside the older
-// records).
+// whose attempt_count does not match the attempts log: a test oracle, for
+// the rule that only an attempt spends one of a row's max_attempts (a 429
+// and a lookup give it back).
+//
+// The count and the log meet by attempt number. A claim takes the next
+// number (attempt_count + 1); a 429, and a lookup that settles the row or
+// fails, are logged under it and give it back, so that the next claim
+// takes the same number again; a lookup that finds nothing is logged
+// beside the call that follows it, under the same number; the first
+// attempt of a row never republished, when it was sent, is described by
+// its row and not logged (the rule Attempts follows); a sender that dies
+// mid-call logs nothing (the stale claim after it takes the next number),
+// and the reconciler that finishes such a row logs its decision under the
+// dead attempt's number. A replay starts the count again at 0 while the log
+// keeps the older records, so only the records since the row's latest
+// replay count: those after the last place, in order of start, where the
+// numbers go down. A row is miscounted when, among those records:
+//   - a number the count includes has records, but only of 429s and
+//     lookups: an attempt was charged for a call that was not made (the
+//     first attempt sent, which its row describes, aside);
+//   - a record of a call (or of a decision that ended the row) has a
+//     number beyond the count: a spent attempt was given back.
+//
+// A number without any record is a sender that died mid-call: a charge
+// that leaves no record at all looks the same and is not seen; nor is one
+// hidden by a record of the same number from before a replay that the
+// numbers do not show (a replay right after attempt 1).
 func MiscountedAttempts(ctx context.Context, q Querier, ids []uuid.UUID) (int, error) {
 	var n int
-	err := q.QueryRow(ctx, `SELECT count(*) FROM sms_outbox o
-		WHERE ($1::uuid[] IS NULL OR o.id = ANY($1::uuid[]))
-		  AND o.attempt_count <>
-		      (SELECT count(*) FROM sms_attempts a WHERE a.outbox_id = o.id AND a.outcome <> 'rate_limited')
-		      + CASE WHEN o.sent_at IS NOT NULL AND o.publish_gen = 0 AND NOT EXISTS (SELECT 1 FROM sms_attempts a
-		                 WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
-		             THEN 1 ELSE 0 END`, idsOrNull(ids)).Scan(&n)
+	err := q.QueryRow(ctx, `
+WITH r AS (
+	SELECT id, attempt_count, publish_gen, sent_at FROM sms_outbox
+	WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
+), log AS (
+	SELECT a.outbox_id, a.attempt, a.outcome NOT IN ('rate_limited', 'lookup') AS spends, a.started_at, a.id,
+	       CASE WHEN a.attempt < lag(a.attempt) OVER w THEN 1 ELSE 0 END AS restart
+	FROM sms_attempts a JOIN r ON r.id = a.outbox_id
+	WINDOW w AS (PARTITION BY a.outbox_id ORDER BY a.started_at, a.id)
+), replays AS (
+	SELECT *, sum(restart) OVER (PARTITION BY outbox_id ORDER BY started_at, id) AS replay FROM log
+), numbers AS (
+	SELECT outbox_id, attempt, bool_or(spends) AS spent
+	FROM (SELECT *, max(replay) OVER (PARTITION BY outbox_id) AS latest FROM replays) x
+	WHERE replay = latest
+	GROUP BY outbox_id, attempt
+)
+SELECT count(*) FROM r
+WHERE EXISTS (SELECT 1 FROM numbers n WHERE n.outbox_id = r.id
+	AND ((n.attempt <= r.attempt_count AND NOT n.spent
+	      AND NOT (n.attempt = 1 AND r.attempt_count = 1 AND r.publish_gen = 0 AND r.sent_at IS NOT NULL))
+	  OR (n.spent AND n.attempt > r.attempt_count)))`, idsOrNull(ids)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: count miscounted attempts: %w", err)
 	}

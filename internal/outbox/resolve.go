@@ -16,29 +16,60 @@ type UnknownRow struct {
 	Gen       int32
 	To, Body  string
 	CreatedAt time.Time
+	// FirstAttempt is when the row's first attempt began: the oldest call
+	// in the attempts log, of any generation, when that is attempt 1; else
+	// (the first attempt went unlogged: its sender died mid-call) the
+	// row's insert, which no attempt precedes.
+	FirstAttempt time.Time
 	// Settled: the row has been unknown for at least the settle time asked,
 	// so that a request the provider accepted shows in its lookup.
 	Settled bool
+	// BeyondRetention: the first attempt is older than the provider's
+	// lookup retention asked, so that what it sent may no longer show.
+	BeyondRetention bool
 }
 
-// UnknownRows returns up to limit unknown rows, the oldest change first, or
-// only row id when id is not uuid.Nil. settle marks those unknown for at
-// least that long. The number and the body are read only when content is
-// set (a lookup at a provider that keeps no reference needs them; the
-// relay's role may not read them).
-func UnknownRows(ctx context.Context, q Querier, id uuid.UUID, settle time.Duration, limit int, content bool) ([]UnknownRow, error) {
-	cols := `'', ''`
-	if content {
-		cols = `to_e164, body`
+// UnknownQuery selects the unknown rows relay resolve looks up.
+type UnknownQuery struct {
+	// ID selects one row; uuid.Nil selects up to Limit rows, the oldest
+	// change first.
+	ID    uuid.UUID
+	Limit int
+	// Settle marks the rows unknown for at least that long (Settled).
+	Settle time.Duration
+	// Retention marks the rows whose first attempt is older than that
+	// (BeyondRetention).
+	Retention time.Duration
+	// Content reads the number and the body: a lookup at a provider that
+	// keeps no reference needs them, and the relay's role may not read
+	// them.
+	Content bool
+}
+
+// UnknownRows returns the unknown rows q selects, their times judged by the
+// database's clock.
+func UnknownRows(ctx context.Context, db Querier, q UnknownQuery) ([]UnknownRow, error) {
+	cols := `'' AS to_e164, '' AS body`
+	if q.Content {
+		cols = `o.to_e164, o.body`
 	}
-	rows, _ := q.Query(ctx, `SELECT id, publish_gen, `+cols+`, created_at, updated_at <= now() - $3::interval
-		FROM sms_outbox
-		WHERE status = 'unknown' AND ($1::uuid IS NULL OR id = $1)
-		ORDER BY updated_at
-		LIMIT $2`, nullUUID(id), limit, settle)
+	rows, _ := db.Query(ctx, `SELECT id, publish_gen, to_e164, body, created_at, first_attempt,
+			updated_at <= now() - $3::interval, first_attempt <= now() - $4::interval
+		FROM (SELECT o.id, o.publish_gen, `+cols+`, o.created_at, o.updated_at,
+			coalesce((SELECT CASE WHEN a.attempt = 1 THEN a.started_at END FROM sms_attempts a
+				-- The calls, not a 429 (taken by nobody) or a lookup; nor
+				-- the reconciler's record of a dead attempt, made later.
+				WHERE a.outbox_id = o.id AND a.outcome NOT IN ('rate_limited', 'lookup')
+				  AND a.sender IS DISTINCT FROM 'reconciler'
+				ORDER BY a.started_at, a.id LIMIT 1), o.created_at) AS first_attempt
+			FROM sms_outbox o
+			WHERE o.status = 'unknown' AND ($1::uuid IS NULL OR o.id = $1)
+			ORDER BY o.updated_at
+			LIMIT $2) u
+		ORDER BY updated_at`, nullUUID(q.ID), q.Limit, q.Settle, q.Retention)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnknownRow, error) {
 		var u UnknownRow
-		err := r.Scan(&u.ID, &u.Gen, &u.To, &u.Body, &u.CreatedAt, &u.Settled)
+		err := r.Scan(&u.ID, &u.Gen, &u.To, &u.Body, &u.CreatedAt, &u.FirstAttempt, &u.Settled, &u.BeyondRetention)
 		return u, err
 	})
 	if err != nil {

@@ -13,6 +13,16 @@ import (
 // DefaultLookupSettle is SMS_API_LOOKUP_SETTLE's default.
 const DefaultLookupSettle = 10 * time.Second
 
+// DefaultLookupRetention is SMS_API_LOOKUP_RETENTION's default: how long a
+// provider is assumed to keep a message it accepted visible to lookups. A
+// lookup that finds nothing proves nothing about an attempt older than
+// that, so the shorter the assumption, the fewer such answers are trusted.
+// 24 hours is the retention of the generic contract as sendonce knows it
+// (the stub replays a key's stored answer for that long); a provider known
+// to keep messages visible longer may be given more, one that keeps them
+// less must be given less.
+const DefaultLookupRetention = 24 * time.Hour
+
 // Settings are the provider settings of the commands that call it (the
 // sender, and relay resolve), bound to flags and environment variables by
 // BindSettings.
@@ -30,7 +40,11 @@ type Settings struct {
 	PermanentCodes string
 	Lookup         bool
 	LookupSettle   time.Duration
-	ReceiptsURL    string
+	// LookupRetention is how long the provider keeps a message it accepted
+	// visible to lookups: an empty lookup of an attempt older than that says
+	// nothing. Default DefaultLookupRetention.
+	LookupRetention time.Duration
+	ReceiptsURL     string
 }
 
 // BindSettings binds the provider settings to s.
@@ -49,6 +63,7 @@ func BindSettings(s *envflag.Set, c *Settings) {
 	s.String(&c.PermanentCodes, "sms-permanent-codes", "SMS_PERMANENT_CODES", "", "comma-separated provider error codes to treat as permanent, besides 21211,21214,21614,21610,21612")
 	s.Bool(&c.Lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "the provider can be asked which messages it has for a row (generic: GET BASE/v1/messages?reference=; twilio: every page of the number's messages, those created since the row with the same text): an attempt without an answer at a provider without idempotency is settled by a lookup instead of ending unknown")
 	s.Duration(&c.LookupSettle, "sms-api-lookup-settle", "SMS_API_LOOKUP_SETTLE", DefaultLookupSettle, 0, time.Hour, "wait after an attempt without an answer before the lookup; assumes a request the provider accepted shows in its lookup within this time")
+	s.Duration(&c.LookupRetention, "sms-api-lookup-retention", "SMS_API_LOOKUP_RETENTION", DefaultLookupRetention, time.Minute, 10*366*24*time.Hour, "how long the provider keeps a message it accepted visible to lookups; a lookup that finds nothing for a row whose first attempt is older proves nothing, and the row is left unknown rather than settled dead. Set it no longer than the provider's documented retention")
 	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID)")
 	s.URL(&c.ReceiptsURL, "receipts-public-url", "http", "https")
 	s.Check(c.check)
@@ -66,6 +81,8 @@ func (c *Settings) check() error {
 		return errors.New("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with SMS_PROVIDER=twilio")
 	case strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure:
 		return errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
+	case c.LookupRetention <= c.LookupSettle:
+		return fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) must be longer than SMS_API_LOOKUP_SETTLE (%s): a lookup after the settle time must still see the message", c.LookupRetention, c.LookupSettle)
 	}
 	if _, err := parseCodes(c.PermanentCodes); err != nil {
 		return fmt.Errorf("-sms-permanent-codes / SMS_PERMANENT_CODES: %w", err)

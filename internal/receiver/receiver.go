@@ -1,6 +1,7 @@
 // Package receiver takes delivery receipts from providers and records them
 // as evidence of their outbox rows: a receipt moves a row forward (to
-// delivered or undelivered, or from unknown to sent), never backwards.
+// delivered or undelivered, or from unknown to sent), never backwards; a
+// receipt for a dead row overrules it (the provider had the message).
 //
 // Two endpoints: POST /v1/receipts/generic (JSON, signed with
 // Sendonce-Signature under a shared secret) and POST /v1/receipts/twilio
@@ -327,7 +328,7 @@ func (rv *Receiver) apply(w http.ResponseWriter, r *http.Request, rc outbox.Rece
 	rv.metrics.count(rc.Source, result)
 	switch result {
 	case "contradicted":
-		rv.log.Warn("receipt for a message recorded dead: the provider had it; a person should look",
+		rv.log.Warn("receipt for a message recorded dead: the provider had it, and the row now says so; a person should look at how it came to be dead",
 			"outbox_id", id.String(), "receipt_status", string(rc.Status), "source", rc.Source)
 	case "settled_unknown":
 		rv.log.Info("receipt settled an unknown message", "outbox_id", id.String(), "status", string(rc.Status), "source", rc.Source)

@@ -170,7 +170,8 @@ func TestGenericReceipts(t *testing.T) {
 		{"the same again", receiptBody(sending.String(), "delivered"), "", 200, "unchanged", "delivered", sending},
 		{"older news after delivered", receiptBody(sending.String(), "undelivered"), "", 200, "unchanged", "delivered", sending},
 		{"an unknown row is settled", receiptBody(unknown.String(), "undelivered"), "", 200, "settled_unknown", "undelivered", unknown},
-		{"a dead row contradicted, not moved", receiptBody(dead.String(), "delivered"), "", 200, "contradicted", "dead", dead},
+		{"a dead row contradicted: it follows the receipt", receiptBody(dead.String(), "delivered"), "", 200, "contradicted", "delivered", dead},
+		{"the contradiction again", receiptBody(dead.String(), "delivered"), "", 200, "unchanged", "delivered", dead},
 		{"no such row", receiptBody(uuid.NewString(), "delivered"), "", 200, "unknown_reference", "", uuid.Nil},
 		{"not a reference of ours", []byte(`{"id":"msg_1","reference":"order-17","status":"delivered"}`), "", 200, "unknown_reference", "", uuid.Nil},
 		{"forged", receiptBody(untouched.String(), "undelivered"), receiver.SignGeneric([]byte("another-secret-of-32-bytes-long!"), receiptBody(untouched.String(), "undelivered"), time.Now()), 401, "", "sent", untouched},
@@ -206,7 +207,10 @@ func TestGenericReceipts(t *testing.T) {
 	if _, ref := f.status(unknown); ref != "msg_"+unknown.String()[:8] {
 		t.Errorf("the settled row's provider id = %q", ref)
 	}
-	for result, want := range map[string]float64{"forged": 2, "stale": 1, "malformed": 2, "oversize": 1, "unknown_reference": 2, "settled_unknown": 1} {
+	if _, ref := f.status(dead); ref != "msg_"+dead.String()[:8] {
+		t.Errorf("the contradicted row's provider id = %q", ref)
+	}
+	for result, want := range map[string]float64{"forged": 2, "stale": 1, "malformed": 2, "oversize": 1, "unknown_reference": 2, "settled_unknown": 1, "contradicted": 1} {
 		if got := f.count("generic", result); got != want {
 			t.Errorf("sendonce_receipts_total{generic,%s} = %v, want %v", result, got, want)
 		}
@@ -301,7 +305,7 @@ func TestTwilioReceipts(t *testing.T) {
 	t.Parallel()
 	const public = "https://receipts.example.com"
 	f := start(t, func(c *receiver.Config) { c.PublicURL = public })
-	sent, queued := f.row("sent"), f.row("sending")
+	sent, queued, dead := f.row("sent"), f.row("sending"), f.row("dead")
 	post := func(id uuid.UUID, form url.Values, sig string) (int, string) {
 		path := "/v1/receipts/twilio?ref=" + id.String()
 		if sig == "" {
@@ -335,6 +339,8 @@ func TestTwilioReceipts(t *testing.T) {
 		{sent, "canceled", "", 200, "sent"},
 		{sent, "delivered", "", 200, "delivered"},
 		{sent, "queued", "", 200, "delivered"},
+		// Twilio has a message sendonce recorded dead: the row follows.
+		{dead, "sent", "", 200, "sent"},
 	} {
 		if code, result := post(tt.id, form(tt.status), tt.sig); code != tt.code {
 			t.Errorf("%s: %d %q, want %d", tt.status, code, result, tt.code)
@@ -345,6 +351,12 @@ func TestTwilioReceipts(t *testing.T) {
 	}
 	if got := f.count("twilio", "forged"); got != 1 {
 		t.Errorf("forged twilio receipts counted %v, want 1", got)
+	}
+	if _, ref := f.status(dead); ref != "SM123" {
+		t.Errorf("the contradicted row's provider id = %q, want SM123", ref)
+	}
+	if got := f.count("twilio", "contradicted"); got != 1 {
+		t.Errorf("contradicted twilio receipts counted %v, want 1", got)
 	}
 }
 
