@@ -151,7 +151,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		ClaimLinger: cmp.Or(c.claimLinger, -1), WriteLinger: cmp.Or(c.writeLinger, -1),
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,
-		LookupSettle: c.provider.LookupSettle, LookupBudget: c.lookupBudget, Flow: lim, Logger: root, Registerer: reg,
+		LookupSettle: c.provider.LookupSettle, LookupBudget: c.lookupBudget, LookupRetention: c.provider.LookupRetention, Flow: lim, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err

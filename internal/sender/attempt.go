@@ -58,6 +58,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	if f.looksUp() {
 		f.beyondDedup = c.Attempt == 1 && c.Gen == 0 && s.horizon.beyond(c.Age, c.CreatedAt)
 		f.lookupWait = lookupWait(c, pol.settle)
+		f.pastRetention = s.cfg.LookupRetention > 0 && c.Age > s.cfg.LookupRetention
 	}
 	res := result{held: h, createdAt: c.CreatedAt}
 	v := decide(f, nil, pol)

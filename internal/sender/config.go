@@ -108,6 +108,11 @@ type Config struct {
 	// LookupSettle apart).
 	LookupSettle time.Duration
 	LookupBudget int
+	// LookupRetention is how long the provider keeps a message visible to
+	// lookups (SMS_API_LOOKUP_RETENTION): a lookup that finds nothing for a
+	// row older than this proves nothing, and the row ends unknown rather
+	// than be sent again. Zero trusts every answer.
+	LookupRetention time.Duration
 	// Flow, when set, paces provider requests within a rate limit shared by
 	// every sender and pauses them all when the provider asks; a token is
 	// taken before a row is claimed, so a wait spends no attempt. Nil sends
@@ -171,6 +176,8 @@ func (c *Config) validate() error {
 	case c.Provider.CanLookup() && !c.Provider.Idempotent() && c.Lease <= 2*c.Provider.Timeout():
 		// A lookup and the call after it run under one lease.
 		return fmt.Errorf("sender: Lease %s must exceed twice the provider timeout %s when lookups are on", c.Lease, c.Provider.Timeout())
+	case c.LookupRetention < 0:
+		return fmt.Errorf("sender: LookupRetention %s must not be negative", c.LookupRetention)
 	case c.LookupSettle < 0 || c.LookupBudget < 1:
 		return fmt.Errorf("sender: LookupSettle %s must not be negative and LookupBudget %d must be at least 1", c.LookupSettle, c.LookupBudget)
 	case c.RetryBase <= 0:

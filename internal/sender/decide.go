@@ -71,6 +71,9 @@ type facts struct {
 	// the claim, a point-in-time restore), would not have been dropped as
 	// a duplicate, so this first call may be a second one.
 	beyondDedup bool
+	// pastRetention: the row is older than the provider keeps messages
+	// visible to lookups, so a lookup that finds nothing proves nothing.
+	pastRetention bool
 	// lookupWait is how long before a lookup may be made: the settle time
 	// after the last attempt that may have reached the provider (a stale
 	// claim's lease, a missed write's mark) is not over yet.
@@ -326,6 +329,12 @@ func decideLookup(f facts, r provider.LookupResult, p policy) verdict {
 		}
 		return v
 	case "none":
+		if f.pastRetention {
+			// The provider may have forgotten a message it took: caution.
+			return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,
+				errText: "the provider has no message for this reference, but the row is older than the provider keeps messages for lookups (SMS_API_LOOKUP_RETENTION): an earlier attempt may have reached it",
+				action:  term, maybe: true, outcome: "lookup", letter: true, refund: true}
+		}
 		return verdict{call: true, notAccepted: true}
 	case "found":
 		m := r.Found[0]

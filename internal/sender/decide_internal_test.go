@@ -143,6 +143,8 @@ func TestDecideLookup(t *testing.T) {
 			verdict{status: outbox.StatusUndelivered, action: ack, outcome: "lookup", ref: "msg_1", refund: true}},
 		{"several: sent more than once, unknown", f, provider.LookupResult{Found: []provider.Found{{Ref: "msg_1"}, {Ref: "msg_2"}}},
 			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "lookup", letter: true, refund: true}},
+		{"none for a row older than the provider's lookup retention: unknown, never a call", func() facts { g := f; g.pastRetention = true; return g }(), provider.LookupResult{},
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "lookup", letter: true, refund: true}},
 		{"failed: asked again later, no attempt spent", f, failed,
 			verdict{status: outbox.StatusQueued, action: nak, delay: 10 * time.Second, maybe: true, outcome: "lookup", lookupPending: true, lookupFailed: true, refund: true}},
 		{"failed on the last delivery: parked", func() facts { g := f; g.lastDelivery = true; return g }(), failed,
