@@ -87,6 +87,10 @@ func (s *soak) drillLoop(ctx context.Context) {
 	}
 }
 
+// drillWithhold is the share of messages the provider takes without
+// answering around a failover at a provider without idempotency.
+const drillWithhold = 0.25
+
 // drillLatency is the stub's latency before a drill's failure: the three
 // senders' 96 attempts in flight then finish about 190 rows a second, below
 // the load's 250, and a backlog builds.
@@ -322,6 +326,18 @@ func (p *pgPair) stop(keep bool, logf func(string, ...any)) {
 // the end (failoverLosses) it compares with what the old primary held.
 func (s *soak) drillFailover(ctx context.Context) error {
 	p := s.pg
+	if s.lookups() {
+		// Ambiguous calls in flight across the failover: from a few
+		// seconds before the link is cut until the promotion, the
+		// provider, still slow, takes a share of the messages and never
+		// answers (the senders give up at their timeout, 10s by default).
+		// Their claims, and what the senders write of them, may be lost
+		// with the old primary.
+		if err := s.setStubFaults(ctx, smsstub.Faults{Latency: drillLatency, WithholdRate: drillWithhold, WithholdMode: smsstub.WithholdHang}); err != nil {
+			return err
+		}
+		_ = sleepCtx(ctx, 3*time.Second)
+	}
 	p.link.disable()
 	cut := time.Now()
 	_ = sleepCtx(ctx, 2*time.Second)
@@ -343,8 +359,17 @@ func (s *soak) drillFailover(ctx context.Context) error {
 	if err := s.setStubFaults(ctx, smsstub.Faults{}); err != nil {
 		return err
 	}
-	s.drill.note("replication cut, primary crashed 2s later, standby promoted %s after the crash (the provider slowed to %s until then)",
-		promoted.Sub(crashed).Round(100*time.Millisecond), drillLatency)
+	if s.lookups() {
+		st, err := smsstub.FetchStats(ctx, s.stub.url)
+		if err != nil {
+			return err
+		}
+		s.drill.note("replication cut, primary crashed 2s later, standby promoted %s after the crash (the provider slowed to %s until then, and from 3s before the cut took %.0f%% of the messages without answering: %d calls in flight lost their answer)",
+			promoted.Sub(crashed).Round(100*time.Millisecond), drillLatency, 100*drillWithhold, st.Withheld)
+	} else {
+		s.drill.note("replication cut, primary crashed 2s later, standby promoted %s after the crash (the provider slowed to %s until then)",
+			promoted.Sub(crashed).Round(100*time.Millisecond), drillLatency)
+	}
 
 	// The old primary, started alone on a port of its own, says what was
 	// lost with it.
