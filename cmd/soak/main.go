@@ -87,6 +87,7 @@ type config struct {
 	natsServer    string
 	drill         string
 	drillAt       float64
+	drillShort    bool
 	pgBin         string
 }
 
@@ -148,6 +149,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Enum(&c.drill, "drill", "SOAK_DRILL", "none", []string{"none", "store-loss", "pg-failover"},
 		"none, or instead of random faults one scripted failure with the binaries' default settings, timed: store-loss (NATS killed, its store deleted, restarted empty) or pg-failover (the Postgres primary crashes and a streaming standby is promoted)")
 	s.Float(&c.drillAt, "drill-at", "SOAK_DRILL_AT", 0.4, 0.05, 0.95, "the drill's failure comes when this share of the rows is committed")
+	s.Bool(&c.drillShort, "drill-short", "SOAK_DRILL_SHORT", false, "run the drill with the soak's short timings (provider timeout 1s, lease 3s, reconciler grace 40s) instead of the defaults: its outcome, not its recovery time, is what counts (the short drill of make test)")
 	s.String(&c.pgBin, "pg-bin", "SOAK_PG_BIN", "", "PostgreSQL server binaries for -drill pg-failover (default: the newest /usr/lib/postgresql/*/bin)")
 	s.Check(func() error {
 		u, err := url.Parse(c.databaseURL)

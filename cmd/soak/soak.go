@@ -185,7 +185,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey,
 		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32",
 		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", s.cfg.provider == providerIdempotent))
-	if s.cfg.drill != "" {
+	if s.cfg.drill != "" && !s.cfg.drillShort {
 		// A drill times the recovery a deployment that changed nothing
 		// would see: every timing setting at its default.
 		relayEnv = common
@@ -205,7 +205,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 			fmt.Sprintf("RECEIPTS_ADDR=127.0.0.1:%d", port), "SMS_WEBHOOK_SECRET=" + receiptSecret,
 		}))
 		senderEnv = append(senderEnv, "SMS_API_IDEMPOTENT=false", "SMS_API_LOOKUP=true", "RECEIPTS_PUBLIC_URL="+receiverURL)
-		if s.cfg.drill == "" {
+		if s.cfg.drill == "" || s.cfg.drillShort {
 			// The stub shows an accepted message to a lookup at once.
 			senderEnv = append(senderEnv, "SMS_API_LOOKUP_SETTLE=1s")
 		}
