@@ -3,12 +3,14 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sendonce/sendonce/internal/flow"
 	store "github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
@@ -224,4 +226,56 @@ func TestProviderPauseHoldsEverySender(t *testing.T) {
 	}
 	e.checkInvariants(ids, 2*time.Minute)
 	e.noAttemptLost(ids)
+}
+
+// holdCount wraps a sender's Flow and counts the tokens it holds: taken and
+// not given back.
+type holdCount struct {
+	sender.Flow
+	held atomic.Int64
+}
+
+func (f *holdCount) Wait(ctx context.Context) error {
+	err := f.Flow.Wait(ctx)
+	if err == nil {
+		f.held.Add(1)
+	}
+	return err
+}
+
+func (f *holdCount) TryTake() bool {
+	ok := f.Flow.TryTake()
+	if ok {
+		f.held.Add(1)
+	}
+	return ok
+}
+
+func (f *holdCount) Return() {
+	f.Flow.Return()
+	f.held.Add(-1)
+}
+
+// A sender takes a token only for a message waiting: one that waits for
+// work holds none. (One taken while idle would be spent on the next
+// message, beside the tokens its share earns by then: a request over the
+// limit after every idle spell.)
+func TestAnIdleSenderHoldsNoToken(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	e.auditStatuses()
+	_, js := e.nats.Connect(t)
+	lim, err := flow.New(flow.Config{JetStream: js, Create: true, ID: "idle_" + uuid.NewString()[:8], Logger: e.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.background("flow", lim.Run)
+	counted := &holdCount{Flow: lim}
+	e.startRelay(relay.Config{})
+	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 1, Flow: counted}})
+	ids := e.insert(5)
+	e.checkInvariants(ids, time.Minute)
+	if held, requests := counted.held.Load(), e.stub.Stats().Requests; held != requests {
+		t.Fatalf("the sender took %d tokens for %d provider requests: it holds a token while idle", held, requests)
+	}
 }

@@ -136,18 +136,17 @@ func (ls *lanes) pick() (held, bool) {
 	return <-chosen.msgs, true
 }
 
-// next waits for a message and picks it; false when ctx is done first.
-func (ls *lanes) next(ctx context.Context) (held, bool) {
-	for {
-		if h, ok := ls.pick(); ok {
-			return h, true
-		}
+// wait waits until a message is waiting in some lane; false when ctx is
+// done first.
+func (ls *lanes) wait(ctx context.Context) bool {
+	for ls.waiting() == 0 {
 		select {
 		case <-ls.arrived:
 		case <-ctx.Done():
-			return held{}, false
+			return false
 		}
 	}
+	return true
 }
 
 // waiting is the number of messages held and not yet picked.
