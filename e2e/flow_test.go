@@ -3,16 +3,21 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sendonce/sendonce/internal/flow"
 	store "github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -224,4 +229,102 @@ func TestProviderPauseHoldsEverySender(t *testing.T) {
 	}
 	e.checkInvariants(ids, 2*time.Minute)
 	e.noAttemptLost(ids)
+}
+
+// Messages a sender has fetched wait behind the rate limit longer than the
+// consumer's ack deadline, and stay its own: every one is held by
+// heartbeats from the moment it arrives, so none is delivered a second
+// time (the consumer delivers each message once), and the reconciler,
+// running beside them, republishes none.
+func TestThrottledMessagesStayHeld(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	e.auditStatuses()
+	const ackWait = time.Second
+	e.updateConsumer(func(c *jetstream.ConsumerConfig) { c.AckWait = ackWait })
+	ids := e.insert(10)
+	e.startRelay(relay.Config{})
+	// The grace outlasts the test: a row waits in the stream too, and the
+	// reconciler counts that wait (docs/operations.md, reconciler).
+	e.background("reconciler", e.newReconciler(30*time.Second).Run)
+	// One request a second, and a sender that fetches four messages and
+	// holds up to eight: most wait several seconds, past the ack deadline.
+	limit := 1.0
+	reg := prometheus.NewRegistry()
+	e.startSender(senderOptions{flow: &limit, cfg: sender.Config{Concurrency: 4, ClaimBatch: 4, Registerer: reg}})
+	rows := e.checkInvariants(ids, 2*time.Minute)
+	for _, id := range ids {
+		if r := rows[id]; r.status != outbox.StatusSent || r.attempts != 1 {
+			t.Errorf("row %s ended %s after %d attempts, want sent after 1", id, r.status, r.attempts)
+		}
+	}
+	c, err := e.js.Consumer(context.Background(), streams.Stream, streams.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := c.CachedInfo()
+	redelivered := counterValue(t, reg, "sendonce_sender_redeliveries_total")
+	t.Logf("10 messages behind a limit of 1/s, ack deadline %s: %d deliveries, %v redeliveries seen by the sender", ackWait, info.Delivered.Consumer, redelivered)
+	if info.Delivered.Consumer != uint64(len(ids)) || redelivered != 0 {
+		t.Fatalf("%d deliveries of %d messages (%v seen again by the sender): a message waiting in the sender was not held", info.Delivered.Consumer, len(ids), redelivered)
+	}
+	var republished int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM sms_outbox WHERE id = ANY($1) AND publish_gen > 0`, ids).Scan(&republished); err != nil {
+		t.Fatal(err)
+	}
+	if republished > 0 {
+		t.Fatalf("%d rows republished by the reconciler while a sender held them", republished)
+	}
+}
+
+// holdCount wraps a sender's Flow and counts the tokens it holds: taken and
+// not given back.
+type holdCount struct {
+	sender.Flow
+	held atomic.Int64
+}
+
+func (f *holdCount) Wait(ctx context.Context) error {
+	err := f.Flow.Wait(ctx)
+	if err == nil {
+		f.held.Add(1)
+	}
+	return err
+}
+
+func (f *holdCount) TryTake() bool {
+	ok := f.Flow.TryTake()
+	if ok {
+		f.held.Add(1)
+	}
+	return ok
+}
+
+func (f *holdCount) Return() {
+	f.Flow.Return()
+	f.held.Add(-1)
+}
+
+// A sender takes a token only for a message waiting: one that waits for
+// work holds none. (One taken while idle would be spent on the next
+// message, beside the tokens its share earns by then: a request over the
+// limit after every idle spell.)
+func TestAnIdleSenderHoldsNoToken(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	e.auditStatuses()
+	_, js := e.nats.Connect(t)
+	lim, err := flow.New(flow.Config{JetStream: js, Create: true, ID: "idle_" + uuid.NewString()[:8], Logger: e.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.background("flow", lim.Run)
+	counted := &holdCount{Flow: lim}
+	e.startRelay(relay.Config{})
+	e.startSender(senderOptions{cfg: sender.Config{Concurrency: 1, Flow: counted}})
+	ids := e.insert(5)
+	e.checkInvariants(ids, time.Minute)
+	if held, requests := counted.held.Load(), e.stub.Stats().Requests; held != requests {
+		t.Fatalf("the sender took %d tokens for %d provider requests: it holds a token while idle", held, requests)
+	}
 }

@@ -38,6 +38,7 @@ type config struct {
 	retryCap     time.Duration
 	rateLimit    float64
 	rateBurst    float64
+	rateSenders  int
 	normalShare  float64
 	bulkShare    float64
 	lookupBudget int
@@ -53,7 +54,8 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.retryBase, "retry-base", "RETRY_BASE", 500*time.Millisecond, time.Millisecond, time.Hour, "backoff base: delay ~ U(0, min(cap, base*2^attempt))")
 	s.Duration(&c.retryCap, "retry-cap", "RETRY_CAP", 60*time.Second, time.Millisecond, 24*time.Hour, "backoff cap")
 	s.Float(&c.rateLimit, "sms-rate-limit", "SMS_RATE_LIMIT", 0, 0, 1e6, "provider requests per second across all sender processes, shared through NATS (0: no limit); size it to the provider account's tier")
-	s.Float(&c.rateBurst, "sms-rate-burst", "SMS_RATE_BURST", 0, 0, 1e6, "provider requests sent at once across all senders after an idle spell (0: SMS_RATE_LIMIT/10, at least 1)")
+	s.Float(&c.rateBurst, "sms-rate-burst", "SMS_RATE_BURST", 0, 0, 1e6, "provider requests sent at once across all senders after an idle spell, split among them, at least one each (0: SMS_RATE_LIMIT/10, at least 1)")
+	s.Int(&c.rateSenders, "sms-rate-senders", "SMS_RATE_SENDERS", flow.DefaultExpectedSenders, 1, 10000, "sender processes you run: a sender that cannot read the shared rate limit in NATS (it started while that was out of reach, or lost it) keeps to SMS_RATE_LIMIT divided by this or by the senders it last saw, whichever is more")
 	s.Float(&c.normalShare, "normal-min-share", "SENDER_NORMAL_MIN_SHARE", sender.DefaultNormalMinShare, 0, 0.9, "least part of a sender's work the normal lane gets while urgent messages keep coming")
 	s.Float(&c.bulkShare, "bulk-min-share", "SENDER_BULK_MIN_SHARE", sender.DefaultBulkMinShare, 0, 0.9, "least part of a sender's work the bulk lane gets while urgent and normal messages keep coming")
 	s.Int(&c.lookupBudget, "sms-api-lookup-budget", "SMS_API_LOOKUP_BUDGET", sender.DefaultLookupBudget, 1, 1000, "lookups that may fail (spaced by the backoff) before the message ends unknown")
@@ -141,7 +143,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	var snd *sender.Sender
 	lim, err := flow.New(flow.Config{
 		JetStream: conns.JS, Create: c.Topology.Ensure, Replicas: max(c.Topology.Replicas, 1), Limit: c.rateLimit, Burst: c.rateBurst,
-		ID: flowID(), Demand: func() int { return snd.Waiting() }, Logger: root, Registerer: reg,
+		ExpectedSenders: c.rateSenders, ID: flowID(), Demand: func() int { return snd.Waiting() }, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return fmt.Errorf("SMS_RATE_LIMIT: %w", err)

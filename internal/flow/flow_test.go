@@ -3,12 +3,15 @@ package flow_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/natstest"
@@ -214,9 +217,201 @@ func TestNewValidates(t *testing.T) {
 		{JetStream: js, Limit: 1},
 		{JetStream: js, Limit: 1, ID: "a.b"},
 		{JetStream: js, Limit: -1, ID: "x"},
+		{JetStream: js, Limit: 1, ID: "x", ExpectedSenders: -1},
 	} {
 		if _, err := flow.New(c); err == nil {
 			t.Errorf("New(%s) passed", fmt.Sprintf("%+v", c))
 		}
 	}
+}
+
+// gauge reads the value of the gauge name from reg; -1 when it is missing.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+// grants records the time of every token the limiters grant.
+type grants struct {
+	mu    sync.Mutex
+	times []time.Time
+}
+
+// take takes tokens from l as fast as they come until ctx is done, and
+// records each.
+func (g *grants) take(ctx context.Context, l *flow.Limiter) {
+	for l.Wait(ctx) == nil {
+		g.mu.Lock()
+		g.times = append(g.times, time.Now())
+		g.mu.Unlock()
+	}
+}
+
+// busiestSecond returns the most grants in any one-second window, and
+// when that window starts.
+func (g *grants) busiestSecond() (int, time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ts := slices.SortedFunc(slices.Values(g.times), time.Time.Compare)
+	most, at := 0, time.Time{}
+	for i, j := 0, 0; i < len(ts); i++ {
+		for j < len(ts) && ts[j].Sub(ts[i]) < time.Second {
+			j++
+		}
+		if j-i > most {
+			most, at = j-i, ts[i]
+		}
+	}
+	return most, at
+}
+
+// Senders that idled together and then all get work at the same moment
+// keep to the shared limit in every one-second window, burst included:
+// none of them spends more than its part before the others have seen its
+// demand. The senders run with the default heartbeat, started at spread
+// moments as separate processes would be, and the default burst (a tenth
+// of the limit), so a window of the limit plus 10 % is all the provider
+// may see.
+func TestIdleSendersWakingTogetherKeepTheLimit(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	const (
+		n     = 4
+		limit = 200.0
+	)
+	type sender struct {
+		l      *flow.Limiter
+		reg    *prometheus.Registry
+		demand atomic.Int64
+	}
+	senders := make([]*sender, n)
+	var heartbeat time.Duration
+	for i := range senders {
+		s := &sender{reg: prometheus.NewRegistry()}
+		_, js := srv.Connect(t)
+		l, err := flow.New(flow.Config{
+			JetStream: js, Create: true, Limit: limit, ID: fmt.Sprintf("s%d", i),
+			Demand: func() int { return int(s.demand.Load()) }, Registerer: s.reg,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.l = l
+		senders[i] = s
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = l.Run(ctx)
+		}()
+		t.Cleanup(func() {
+			cancel()
+			<-done
+		})
+		// Spread the senders' heartbeats over one period, as processes
+		// started apart have them (the default period is 500 ms).
+		heartbeat = 500 * time.Millisecond
+		time.Sleep(heartbeat / n)
+	}
+	testkit.WaitFor(t, 20*time.Second, "every sender to see the others and take its share", func() bool {
+		for _, s := range senders {
+			if gauge(t, s.reg, "sendonce_sender_rate_senders") != n || gauge(t, s.reg, "sendonce_sender_rate_share") <= 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// An idle spell of a few heartbeats: every bucket fills to its part of
+	// the burst.
+	time.Sleep(4 * heartbeat)
+
+	var g grants
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, s := range senders {
+		s.demand.Store(50)
+		wg.Go(func() { g.take(ctx, s.l) })
+	}
+	time.Sleep(3 * time.Second) // the measurement: three seconds of work
+	cancel()
+	wg.Wait()
+	most, at := g.busiestSecond()
+	t.Logf("%d idle senders woken together took %d tokens in %s; the busiest second (from +%s) held %d, %.2fx the limit %.0f/s",
+		n, len(g.times), time.Since(start).Round(time.Millisecond), at.Sub(start).Round(time.Millisecond), most, float64(most)/limit, limit)
+	if float64(most) > 1.1*limit {
+		t.Fatalf("%d tokens in one second: more than the limit %.0f/s plus 10 %% (burst included)", most, limit)
+	}
+	if len(g.times) < int(limit) {
+		t.Fatalf("only %d tokens in 3 s: the senders did not take the limit", len(g.times))
+	}
+}
+
+// A sender that starts while the shared bucket is out of reach (here: it
+// is missing and the sender may not create it) does not take the whole
+// limit: it keeps to the limit divided by the senders it expects (three
+// by default) until the bucket is there, then shares it as usual.
+func TestStartWithoutTheBucketTakesAPart(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	const limit = 90.0
+	_, js := srv.Connect(t)
+	reg := prometheus.NewRegistry()
+	l, err := flow.New(flow.Config{
+		JetStream: js, Bucket: "flow_not_there_yet", Limit: limit, ID: "lone",
+		Heartbeat: 100 * time.Millisecond, LiveFor: time.Second,
+		Demand: func() int { return 10 }, Registerer: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = l.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	testkit.WaitFor(t, 10*time.Second, "the fallback share", func() bool { return gauge(t, reg, "sendonce_sender_rate_fallback") == 1 })
+	stop := make(chan struct{})
+	var taken int
+	drained := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(drained)
+		taken = drain(l, stop)
+	}()
+	time.Sleep(2 * time.Second) // the measurement
+	close(stop)
+	<-drained
+	elapsed := time.Since(start)
+	// A third of the limit for the time, its bucket (a third of the burst
+	// above one token, plus that token) and one token in the air.
+	allowed := limit/3*elapsed.Seconds() + 1 + (limit/10-3)/3 + 1
+	t.Logf("started without the bucket, a sender took %d tokens in %s (a third of the limit allows %.0f; the whole limit %.0f)",
+		taken, elapsed.Round(time.Millisecond), allowed, limit*elapsed.Seconds())
+	if float64(taken) > allowed {
+		t.Fatalf("%d tokens in %s without the shared state: more than a third of the limit (%.0f allowed)", taken, elapsed, allowed)
+	}
+	if taken == 0 {
+		t.Fatal("no token at all without the bucket: the fallback should send at a third of the limit")
+	}
+	if _, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "flow_not_there_yet", Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "the shared state once the bucket is there", func() bool {
+		return gauge(t, reg, "sendonce_sender_rate_fallback") == 0 && gauge(t, reg, "sendonce_sender_rate_senders") == 1
+	})
 }

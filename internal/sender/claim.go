@@ -29,10 +29,13 @@ func (h held) answer(fn func(jetstream.Msg)) {
 
 // claimLoop takes messages as slots and tokens free up, the most urgent lane
 // first, claims them in batches and starts one worker per claimed row. The
-// token is taken before the message is picked, so that the message chosen is
-// the most urgent one waiting when the provider may be called, and before the
-// row is claimed, so that a wait (a rate limit, a provider's pause) spends no
-// attempt. It returns when ctx is done (after the batch in hand is claimed).
+// token is taken once a message waits, and before it is picked, so that the
+// message chosen is the most urgent one waiting when the provider may be
+// called, and before the row is claimed, so that a wait (a rate limit, a
+// provider's pause) spends no attempt. A sender with nothing to send holds
+// no token: one taken while idle would be spent later, on top of what the
+// sender's share then allows. It returns when ctx is done (after the batch
+// in hand is claimed).
 func (s *Sender) claimLoop(ctx, hold context.Context, ls *lanes, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
 	batch := make([]held, 0, s.cfg.ClaimBatch)
 	for {
@@ -41,15 +44,20 @@ func (s *Sender) claimLoop(ctx, hold context.Context, ls *lanes, slots chan stru
 		case <-ctx.Done():
 			return
 		}
+		if !ls.wait(ctx) {
+			<-slots
+			return
+		}
 		if err := s.waitToken(ctx); err != nil {
 			<-slots
 			return
 		}
-		h, ok := ls.next(ctx)
+		h, ok := ls.pick()
 		if !ok {
+			// Only this loop takes messages: one that waited is there.
 			s.returnToken()
 			<-slots
-			return
+			continue
 		}
 		batch = append(batch[:0], h)
 		// Take whatever else is already waiting, while slots and tokens are

@@ -50,7 +50,9 @@ type Config struct {
 	// Concurrency is the most provider calls in flight; default 32.
 	Concurrency int
 	// ClaimBatch is the most messages claimed in one database round trip;
-	// default Concurrency.
+	// default Concurrency. Each priority lane holds up to twice as many
+	// messages, every one held by heartbeats, and fetches more when it
+	// holds ClaimBatch or fewer.
 	ClaimBatch int
 	// ClaimLinger is how long a claim waits for busy slots to free up
 	// while messages wait, to claim them in one batch rather than a few at

@@ -42,6 +42,9 @@ func (h *health) fetched() {
 	h.waitingSince.CompareAndSwap(0, time.Now().UnixNano())
 }
 
+// pulled records a pull the server answered, with messages or without.
+func (h *health) pulled() { h.fetches.OK() }
+
 // fetchFailed records a failed fetch (no heartbeat from the server, a
 // broken connection).
 func (h *health) fetchFailed() { h.fetches.Fail() }

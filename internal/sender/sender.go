@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
@@ -118,14 +119,15 @@ func New(cfg Config) (*Sender, error) {
 // done; what is still unfinished then is left to redelivery and the
 // reconciler, and Run returns an error saying how much.
 func (s *Sender) Run(ctx context.Context) error {
-	// Each lane prefetches a claim batch: a message waiting in the client
-	// has no heartbeat yet, so the prefetch is kept small.
+	// Each lane holds up to two claim batches, every message held by
+	// heartbeats from its arrival, and fetches one when it has room.
 	ls, err := s.newLanes(ctx, s.cfg.ClaimBatch)
 	if err != nil {
 		return err
 	}
+	// The lanes hold nothing yet (no pull went out): an error here leaves
+	// nothing to release.
 	if err := s.checkSettle(); err != nil {
-		ls.stop()
 		return err
 	}
 	if s.looksUp() {
@@ -134,11 +136,25 @@ func (s *Sender) Run(ctx context.Context) error {
 		err := s.horizon.refresh(hctx)
 		cancel()
 		if err != nil {
-			ls.stop()
 			return fmt.Errorf("sender: read stream %s: %w", s.cfg.Stream, err)
 		}
 	}
 	s.lanes.Store(ls)
+	// A reconnect tells the readers to pull again at once: the server may
+	// have lost their pulls with the old connection.
+	nc := s.cfg.JetStream.Conn()
+	status := nc.StatusChanged(nats.CONNECTED)
+	watching := make(chan struct{})
+	go func() {
+		defer close(watching)
+		for range status {
+			ls.reconnected()
+		}
+	}()
+	defer func() {
+		nc.RemoveStatusListener(status)
+		<-watching
+	}()
 	s.health.started()
 	// hold is done ShutdownTimeout after ctx: until then, work in hand is
 	// retried through outages.
@@ -171,11 +187,10 @@ func (s *Sender) Run(ctx context.Context) error {
 	slots := make(chan struct{}, s.cfg.Concurrency)
 	s.claimLoop(ctx, hold, ls, slots, results, &workers)
 
-	// Shutdown: stop fetching, give back what was fetched but not started
-	// (Drain hands the buffered messages to the readers, which nak them for
-	// another sender), let the attempts in flight finish and their statuses
-	// be written and their letters published.
-	ls.stop()
+	// Shutdown: stop fetching (the readers hand back what arrives from here
+	// on), give back what was fetched but not started, for another sender,
+	// let the attempts in flight finish and their statuses be written and
+	// their letters published.
 	readers.Wait()
 	ls.giveBack()
 	workers.Wait()
