@@ -338,10 +338,44 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 	if err := markMissed(ctx, tx, results, written); err != nil {
 		return nil, err
 	}
+	if err := refundMissed(ctx, tx, results, written); err != nil {
+		return nil, err
+	}
 	if err := insertLookups(ctx, tx, results, again); err != nil {
 		return nil, err
 	}
 	return written, nil
+}
+
+// refundMissed gives back the attempt of a refunded result whose write
+// applied to nothing because the row moved on meanwhile (a receipt finished
+// it while its claim only looked it up, or was refused with a 429): the
+// claim counted an attempt that made no request. Only the claim that
+// counted it gives it back (its token is still the row's).
+func refundMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
+	var ids, tokens []uuid.UUID
+	for _, r := range results {
+		if _, applied := written[r.ID]; r.Refund && !applied {
+			ids, tokens = append(ids, r.ID), append(tokens, r.Token)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `
+WITH locked AS (
+	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
+-- The claim is cleared with it, so that a write run again (its commit's
+-- answer was lost) gives nothing back twice; the row is finished, and
+-- nothing else reads the claim of a finished row.
+UPDATE sms_outbox o SET attempt_count = greatest(o.attempt_count - 1, 0), claim_id = NULL
+FROM unnest($1::uuid[], $2::uuid[]) AS v(id, token) JOIN locked USING (id)
+WHERE o.id = v.id AND o.claim_id = v.token`, uuidArray(ids), uuidArray(tokens))
+	if err != nil {
+		return fmt.Errorf("outbox: give back the attempts of missed refunds: %w", err)
+	}
+	return nil
 }
 
 // markMissed keeps the caution of results whose fenced write applied to

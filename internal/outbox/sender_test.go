@@ -542,6 +542,27 @@ func TestOutcomesOfAVanishedRow(t *testing.T) {
 	}
 }
 
+// A lookup's claim counts an attempt, which its result gives back; when a
+// receipt finished the row meanwhile, the result applies to nothing, and
+// the attempt is given back all the same, once, even when the write is run
+// again after a lost answer.
+func TestRefundOfAFinishedRow(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	id := enqueue(t, pool, "+15551234567", "a")
+	c := claimOne(t, pool, id, uuid.New())
+	exec(t, pool, `UPDATE sms_outbox SET status = 'delivered', provider_ref = 'msg_1' WHERE id = $1`, id)
+	found := outbox.Result{ID: id, Status: outbox.StatusDelivered, ProviderRef: "msg_1", Token: c.Token, Refund: true}
+	for _, again := range []bool{false, true} {
+		if w := write(t, pool, again, found); len(w) != 0 {
+			t.Fatalf("a write over a delivered row applied: %v", w)
+		}
+		if st := status(t, pool, id); st.Attempts != 0 {
+			t.Fatalf("attempt_count %d after the write (again %v), want the lookup's claim given back once", st.Attempts, again)
+		}
+	}
+}
+
 // Dead letters: a dead row has none recorded until MarkLettered, and the
 // reconciler's search finds it meanwhile (once old enough); a replayed row
 // (a new generation) is not marked by a letter of the old one.
