@@ -81,18 +81,21 @@ func TestFailoverDuringALostAnswer(t *testing.T) {
 	}
 }
 
-// A republication of generation 0 after the duplicate window: the provider
-// has the message, and a rewound database (a lagging standby promoted, a
-// point-in-time restore) has the row pending, as if never published. The
-// relay publishes it again under its first Nats-Msg-Id, which the stream no
-// longer remembers (the row is older than its duplicate window, or than the
-// stream itself after a store loss): a new message, claimed from pending as
-// a first attempt. The sender asks the provider before that first call.
-func TestFirstCallBeyondTheDuplicateWindow(t *testing.T) {
+// A rewound database: the provider has the message, but the promoted
+// standby (or a point-in-time restore) has the row back before its attempt,
+// with nothing marked, and only a later publication brings it back: a
+// republication (generation 1, by the reconciler or an operator), or one of
+// generation 0 under its first Nats-Msg-Id that the stream no longer
+// remembers (the row is older than the duplicate window, or than the
+// stream itself after a store loss), claimed from pending as a first
+// attempt. At a provider without idempotency the sender asks before that
+// call: sent once, never twice.
+func TestRewoundRowIsLookedUpFirst(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ name, age string }{
-		{"older than the window", "1 hour"},
-		{"older than the stream", "30 seconds"},
+	for _, tc := range []struct{ name, rewind string }{
+		{"republished", `UPDATE sms_outbox SET publish_gen = 1 WHERE id = $1`},
+		{"older than the duplicate window", `UPDATE sms_outbox SET created_at = now() - interval '1 hour' WHERE id = $1`},
+		{"older than the stream", `UPDATE sms_outbox SET created_at = now() - interval '30 seconds' WHERE id = $1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -100,8 +103,7 @@ func TestFirstCallBeyondTheDuplicateWindow(t *testing.T) {
 			ids := e.insert(1)
 			id := ids[0]
 			e.postDirect(id, 0)
-			if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET created_at = now() - $2::interval WHERE id = $1`,
-				id, tc.age); err != nil {
+			if _, err := e.pool.Exec(context.Background(), tc.rewind, id); err != nil {
 				t.Fatal(err)
 			}
 			no := false

@@ -243,39 +243,3 @@ func TestLookupFindsTwoMessages(t *testing.T) {
 		t.Fatalf("dead letters = %v", dl)
 	}
 }
-
-// A failover that lost the row's history: the provider has the message,
-// but the promoted database has the row back before its attempt (queued,
-// no attempt, nothing marked), and only a republication brings it back.
-// At a provider without idempotency the sender asks before calling: sent
-// once, never twice.
-func TestRepublishedRowIsLookedUpFirst(t *testing.T) {
-	t.Parallel()
-	e := setup(t, envOptions{stub: smsstub.Config{IgnoreKeys: true}})
-	ids := e.insert(1)
-	id := ids[0]
-	body, _ := json.Marshal(map[string]string{"to": testPhone(0), "body": testBody(0), "reference": id.String()})
-	req, _ := http.NewRequest(http.MethodPost, e.stubURL+"/v1/messages", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+testAPIKey)
-	req.Header.Set("Idempotency-Key", id.String())
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	// The republication: the next generation, published by the relay.
-	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET publish_gen = 1 WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
-	no := false
-	e.startRelay(relay.Config{})
-	e.startSender(senderOptions{idempotent: &no, lookup: true})
-	rows := e.waitTerminal(ids, time.Minute)
-	if r := rows[id]; !accepted(r.status) || r.attempts != 0 {
-		t.Fatalf("row %+v, want settled by the lookup without an attempt", r)
-	}
-	if d := e.stub.Deliveries()[id.String()]; d.Deliveries != 1 {
-		t.Fatalf("%d deliveries, want the one from before the failover", d.Deliveries)
-	}
-}
