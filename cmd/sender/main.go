@@ -42,6 +42,9 @@ type config struct {
 	normalShare  float64
 	bulkShare    float64
 	lookupBudget int
+	overdue      time.Duration
+	overdueLooks int
+	overdueRate  float64
 }
 
 func bind(s *envflag.Set, c *config) {
@@ -59,7 +62,13 @@ func bind(s *envflag.Set, c *config) {
 	s.Float(&c.normalShare, "normal-min-share", "SENDER_NORMAL_MIN_SHARE", sender.DefaultNormalMinShare, 0, 0.9, "least part of a sender's work the normal lane gets while urgent messages keep coming")
 	s.Float(&c.bulkShare, "bulk-min-share", "SENDER_BULK_MIN_SHARE", sender.DefaultBulkMinShare, 0, 0.9, "least part of a sender's work the bulk lane gets while urgent and normal messages keep coming")
 	s.Int(&c.lookupBudget, "sms-api-lookup-budget", "SMS_API_LOOKUP_BUDGET", sender.DefaultLookupBudget, 1, 1000, "lookups that may fail (spaced by the backoff) before the message ends unknown")
+	s.Duration(&c.overdue, "receipt-overdue", "SENDER_RECEIPT_OVERDUE", sender.DefaultReceiptOverdue, 0, 7*24*time.Hour, "how long a sent message may go without a delivery receipt before the provider is asked for its fate, with RECEIPTS_PUBLIC_URL and SMS_API_LOOKUP (0: never); at least 1m")
+	s.Int(&c.overdueLooks, "receipt-overdue-looks", "SENDER_RECEIPT_OVERDUE_LOOKS", sender.DefaultReceiptOverdueLooks, 1, 100, "how many times a message whose receipt is overdue is looked up, at SENDER_RECEIPT_OVERDUE after it was sent and each next time twice as long after (at most a day apart); after the last it stays sent")
+	s.Float(&c.overdueRate, "receipt-overdue-rate", "SENDER_RECEIPT_OVERDUE_RATE", sender.DefaultReceiptOverdueRate, 0.01, 1000, "most lookups a second of messages whose receipt is overdue, per sender; each also takes a token of SMS_RATE_LIMIT that no send is waiting for")
 	s.Check(func() error {
+		if c.overdue > 0 && c.overdue < time.Minute {
+			return fmt.Errorf("-receipt-overdue / SENDER_RECEIPT_OVERDUE (%s) must be 0 or at least 1m: receipts take seconds to come, and a shorter time would look up nearly every message", c.overdue)
+		}
 		if c.retryCap < c.retryBase {
 			return fmt.Errorf("-retry-cap / RETRY_CAP (%s) is below -retry-base / RETRY_BASE (%s)", c.retryCap, c.retryBase)
 		}
@@ -158,6 +167,18 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	sweep, err := sender.NewReceiptSweep(sender.ReceiptSweepConfig{
+		Pool: conns.Pool, Provider: prov, Receipts: c.provider.ReceiptsURL != "", Overdue: c.overdue,
+		Looks: c.overdueLooks, Rate: c.overdueRate, Flow: lim, DBTimeout: c.DBTimeout,
+		ShutdownTimeout: c.ShutdownTimeout, Logger: root, Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	loops := []func(context.Context) error{snd.Run, lim.Run}
+	if sweep.Enabled() {
+		loops = append(loops, sweep.Run)
+	}
 	// Ready from local state only: the NATS connection and the sender's own
 	// fetches and claims. A message may wait for a free slot about a lease:
 	// allow twice that, and at least a minute.
@@ -169,10 +190,11 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	tel.SetReady(func() error { return snd.Ready(stall) })
 	log.Info("sender started", "provider", c.provider.Kind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
 		"api_timeout", c.provider.Timeout.String(), "rate_limit", c.rateLimit,
-		"lookups", prov.CanLookup() && !prov.Idempotent(), "receipts", c.provider.ReceiptsURL != "")
+		"lookups", prov.CanLookup() && !prov.Idempotent(), "receipts", c.provider.ReceiptsURL != "",
+		"receipt_sweep", sweep.Enabled())
 	// The sender itself gives up on what it holds at the shutdown timeout;
 	// the wait here is the backstop for a drain stuck elsewhere.
-	if err := conns.Run(ctx, c.ShutdownTimeout+5*time.Second, log, snd.Run, lim.Run); err != nil {
+	if err := conns.Run(ctx, c.ShutdownTimeout+5*time.Second, log, loops...); err != nil {
 		return err
 	}
 	log.Info("sender stopped")

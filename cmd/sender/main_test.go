@@ -19,6 +19,7 @@ import (
 	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -51,6 +52,9 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"key and key file", map[string]string{"SMS_API_KEY": "k", "SMS_API_KEY_FILE": "/dev/null"}, nil, "SMS_API_KEY_FILE"},
 		{"bad flag", nil, []string{"-concurrency", "x"}, "-concurrency"},
 		{"http without allow insecure", map[string]string{"SMS_API_ALLOW_INSECURE": "false"}, nil, "https"},
+		{"receipt overdue too short", map[string]string{"SENDER_RECEIPT_OVERDUE": "30s"}, nil, "SENDER_RECEIPT_OVERDUE"},
+		{"receipt overdue looks", map[string]string{"SENDER_RECEIPT_OVERDUE_LOOKS": "0"}, nil, "SENDER_RECEIPT_OVERDUE_LOOKS"},
+		{"receipt overdue rate", map[string]string{"SENDER_RECEIPT_OVERDUE_RATE": "0"}, nil, "SENDER_RECEIPT_OVERDUE_RATE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -169,6 +173,96 @@ func TestRunSendsAndShutsDownCleanly(t *testing.T) {
 		if strings.Contains(logs, secret) {
 			t.Errorf("logs contain %q", secret)
 		}
+	}
+}
+
+// The sender binary with receipts asked for and lookups on runs the receipt
+// sweep: a row sent before it started whose receipt never came (the stub
+// sends none here) is looked up and moved to its fate, and the lookup is
+// recorded. Without RECEIPTS_PUBLIC_URL the same sender leaves it sent.
+func TestRunLooksUpOverdueReceipts(t *testing.T) {
+	t.Parallel()
+	for _, receipts := range []bool{false, true} {
+		t.Run(fmt.Sprintf("receipts %v", receipts), func(t *testing.T) {
+			t.Parallel()
+			url := pgtest.NewMigrated(t)
+			srv := natstest.Start(t)
+			stub, err := smsstub.New(smsstub.Config{Receipts: smsstub.Receipts{Delay: time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs := httptest.NewServer(stub.Handler())
+			t.Cleanup(hs.Close)
+			t.Cleanup(func() { _ = stub.Close() })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			pool, err := pgxpool.New(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+
+			// The message went out an hour and a half ago; no receipt came.
+			const to, body = "+15559870011", "overdue receipt test"
+			var id string
+			if err := pool.QueryRow(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, attempt_count, updated_at)
+				VALUES (gen_random_uuid(), $1, $2, 'sent', 1, now() - interval '90 minutes') RETURNING id::text`, to, body).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			client, err := provider.New(provider.Config{BaseURL: hs.URL, Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := client.Send(ctx, provider.Message{Key: id, To: to, Body: body}); o.Kind != provider.Sent {
+				t.Fatalf("send: %+v", o)
+			}
+
+			env := map[string]string{
+				"DATABASE_URL": url, "NATS_URL": srv.URL(), "HTTP_ADDR": "127.0.0.1:0",
+				"SMS_API_BASE": hs.URL, "SMS_API_ALLOW_INSECURE": "true", "SMS_API_TIMEOUT": "5s",
+				"SMS_API_LOOKUP": "true",
+			}
+			if receipts {
+				env["RECEIPTS_PUBLIC_URL"] = "http://127.0.0.1:1"
+			}
+			var out, errOut testkit.Buffer
+			done := make(chan int, 1)
+			go func() {
+				done <- run(ctx, []string{"sender", "-receipt-overdue", "1h"}, testkit.EnvMap(env), &out, &errOut)
+			}()
+			status := func() (s string, lookups int) {
+				_ = pool.QueryRow(context.Background(), `SELECT status, (SELECT count(*) FROM sms_evidence WHERE outbox_id = o.id AND kind = 'lookup')
+					FROM sms_outbox o WHERE id = $1`, id).Scan(&s, &lookups)
+				return s, lookups
+			}
+			if receipts {
+				testkit.WaitFor(t, 30*time.Second, "the overdue row settled", func() bool {
+					s, n := status()
+					return s == "delivered" && n == 1
+				})
+			} else {
+				testkit.WaitFor(t, 30*time.Second, "the sender to start", func() bool {
+					return strings.Contains(errOut.String(), "sender started")
+				})
+			}
+			// The start-up line says whether the sweep runs.
+			if want := fmt.Sprintf("receipt_sweep=%v", receipts); !strings.Contains(errOut.String(), want) &&
+				!strings.Contains(errOut.String(), fmt.Sprintf(`"receipt_sweep":%v`, receipts)) {
+				t.Errorf("the start-up line does not say %s: %s", want, errOut.String())
+			}
+			cancel()
+			if code := <-done; code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut.String())
+			}
+			if s, n := status(); !receipts && (s != "sent" || n != 0 || stub.Stats().Lookups != 0) {
+				t.Fatalf("without receipts asked for: the row is %s with %d lookups; want sent, never looked up", s, n)
+			}
+			for _, secret := range []string{to, body} {
+				if strings.Contains(errOut.String(), secret) {
+					t.Errorf("logs contain %q", secret)
+				}
+			}
+		})
 	}
 }
 

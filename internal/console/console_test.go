@@ -548,6 +548,30 @@ func TestMessageTimelineShowsReceiptsAndLookups(t *testing.T) {
 	}
 }
 
+// A sent row whose receipt is overdue shows that its fate is being asked
+// for, and when next; a queued row's pending lookup keeps its own text.
+func TestMessageShowsAnOverdueReceipt(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	overdue, queued := uuid.New(), uuid.New()
+	if _, err := f.owner.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, attempt_count, provider_ref, lookup_pending, lookups, next_attempt_at, updated_at)
+		VALUES ($1, '+15557654321', 'Your code is 1', 'sent', 1, 'msg_overdue', true, 1, now() + interval '1 hour', now() - interval '2 hours'),
+		       ($2, '+15557654321', 'Your code is 2', 'queued', 1, NULL, true, 2, now(), now())`, overdue, queued); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := f.login("victor", viewerPassword)
+	for id, want := range map[uuid.UUID]string{
+		overdue: "receipt overdue: the provider is asked for the message's fate, next at",
+		queued:  "due: the provider is asked about the last attempt before anything else is sent (2 failed so far)",
+	} {
+		res, page := f.do(c, "GET", "/messages/"+id.String(), nil)
+		if res.StatusCode != http.StatusOK || !strings.Contains(page, want) {
+			t.Errorf("message %s: %s; the page does not say %q", id, res.Status, want)
+		}
+	}
+}
+
 // The overview counts delivered and undelivered rows of the last hour and
 // the last 24 hours: a row counts from the receipt that settled it.
 func TestOverviewCountsDeliveredAndUndelivered(t *testing.T) {

@@ -82,6 +82,8 @@ var monitorMetrics = []struct {
 	{"sendonce_outbox_oldest_urgent_age_seconds", "Age of the oldest urgent row not yet sent (pending, queued or sending; 0 when none): the urgent lane's delay.", nil},
 	{"sendonce_outbox_oldest_finished_age_seconds", "Time since the least recently changed row retention may purge (sent, dead) changed (0 when none).", nil},
 	{"sendonce_outbox_rows", "Unfinished outbox rows by status (pending, queued, sending); counted up to a cap, estimated above it.", []string{"status"}},
+	{"sendonce_outbox_receipts_overdue_rows", "Sent rows whose delivery receipt is overdue (SENDER_RECEIPT_OVERDUE) and that the senders' sweep is still looking up; counted up to a cap.", nil},
+	{"sendonce_outbox_oldest_receipt_overdue_age_seconds", "Time since the oldest sent row whose receipt is overdue, and still looked up, was sent (0 when none).", nil},
 	{"sendonce_outbox_rows_estimated", "1 when sendonce_outbox_rows for the status is the planner's estimate (the count reached its cap).", []string{"status"}},
 	{"sendonce_table_live_rows", "Live row versions of a sendonce table, from pg_stat_user_tables.", []string{"table"}},
 	{"sendonce_table_dead_rows", "Dead row versions of a sendonce table waiting for vacuum, from pg_stat_user_tables.", []string{"table"}},
@@ -133,6 +135,7 @@ func NewMonitor(cfg MonitorConfig) (*Monitor, error) {
 		{name: "oldest_finished", run: age("sendonce_outbox_oldest_finished_age_seconds", outbox.OldestPurgeableAge)},
 		{name: "oldest_urgent", run: age("sendonce_outbox_oldest_urgent_age_seconds", outbox.OldestUrgent)},
 		{name: "rows", run: m.rows},
+		{name: "receipts_overdue", run: m.receiptsOverdue},
 		{name: "tables", run: m.tables},
 		{name: "transactions", run: age("sendonce_postgres_oldest_transaction_age_seconds", outbox.OldestTransactionAge)},
 	}
@@ -208,6 +211,20 @@ func (m *Monitor) rows(ctx context.Context) ([]sample, error) {
 			sample{metric: "sendonce_outbox_rows_estimated", value: estimated, labels: []string{string(s)}})
 	}
 	return out, nil
+}
+
+// receiptsOverdue measures the backlog of the senders' receipt sweep from
+// the index of the rows it marks (empty while every receipt comes), reading
+// at most CountCap entries of it.
+func (m *Monitor) receiptsOverdue(ctx context.Context) ([]sample, error) {
+	n, age, err := outbox.OverdueBacklog(ctx, m.cfg.Pool, m.cfg.CountCap)
+	if err != nil {
+		return nil, err
+	}
+	return []sample{
+		{metric: "sendonce_outbox_receipts_overdue_rows", value: float64(n)},
+		{metric: "sendonce_outbox_oldest_receipt_overdue_age_seconds", value: age.Seconds()},
+	}, nil
 }
 
 func (m *Monitor) tables(ctx context.Context) ([]sample, error) {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/streams"
 )
@@ -86,7 +87,9 @@ func TestMonitor(t *testing.T) {
 	within("sendonce_stream_messages{"+streams.Stream+"}", 0, 0)
 	within("sendonce_stream_max_bytes{"+streams.Stream+"}", 1, 1e15)
 	within("sendonce_consumer_max_ack_pending{"+streams.Consumer+","+streams.Stream+"}", 1, 1e9)
-	for _, m := range []string{"oldest_pending", "oldest_inflight", "oldest_finished", "rows", "tables", "transactions", "streams"} {
+	within("sendonce_outbox_receipts_overdue_rows{}", 0, 0)
+	within("sendonce_outbox_oldest_receipt_overdue_age_seconds{}", 0, 0)
+	for _, m := range []string{"oldest_pending", "oldest_inflight", "oldest_finished", "rows", "receipts_overdue", "tables", "transactions", "streams"} {
 		within("sendonce_measure_up{"+m+"}", 1, 1)
 		within("sendonce_measure_last_success_timestamp_seconds{"+m+"}", float64(time.Now().Add(-time.Minute).Unix()), float64(time.Now().Unix()+1))
 	}
@@ -155,5 +158,61 @@ func TestMonitorKeepsTheLastValuesWhenMeasuringFails(t *testing.T) {
 	}
 	if after["sendonce_measure_up{oldest_pending}"] != 0 || after["sendonce_measure_up{rows}"] != 0 {
 		t.Fatal("measure_up still 1 after failing")
+	}
+}
+
+// The backlog of the senders' receipt sweep: the sent rows it marked with
+// an overdue receipt, and how long ago the oldest of them was sent; a sent
+// row not marked (its receipt not overdue, or its looks over) is not in
+// it, nor is a row a receipt settled. Measured as the relay's role, capped
+// like the other counts.
+func TestMonitorMeasuresOverdueReceipts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	ids := e.insert(t, 6)
+	for i, ago := range []string{"3 hours", "2 hours", "90 minutes"} {
+		if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sent', lookup_pending = true,
+			next_attempt_at = now() + interval '1 hour', updated_at = now() - $2::interval WHERE id = $1`, ids[i], ago); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sent', updated_at = now() - interval '5 hours' WHERE id = $1`, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'delivered', updated_at = now() - interval '6 hours' WHERE id = $1`, ids[4]); err != nil {
+		t.Fatal(err)
+	}
+	relayPool, err := pgxpool.New(ctx, pgtest.AsRole(t, e.pool.Config().ConnString(), "sendonce_relay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(relayPool.Close)
+	for _, tt := range []struct {
+		cap      int
+		rows     float64
+		min, max float64
+	}{
+		{0, 3, 3*3600 - 60, 3*3600 + 60},
+		// Two entries read: by when their next look is due, so the age
+		// is that of the oldest of those read.
+		{2, 2, 90*60 - 60, 3*3600 + 60},
+	} {
+		reg := prometheus.NewRegistry()
+		mon, err := relay.NewMonitor(relay.MonitorConfig{Pool: relayPool, CountCap: tt.cap, Registerer: reg, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon.Measure(ctx)
+		g := gauges(t, reg)
+		if g["sendonce_measure_up{receipts_overdue}"] != 1 {
+			t.Fatalf("cap %d: the measurement failed as the relay's role", tt.cap)
+		}
+		if got := g["sendonce_outbox_receipts_overdue_rows{}"]; got != tt.rows {
+			t.Errorf("cap %d: %v rows with overdue receipts, want %v", tt.cap, got, tt.rows)
+		}
+		if age := g["sendonce_outbox_oldest_receipt_overdue_age_seconds{}"]; age < tt.min || age > tt.max {
+			t.Errorf("cap %d: oldest overdue receipt %vs, want within [%v, %v]", tt.cap, age, tt.min, tt.max)
+		}
 	}
 }
