@@ -78,8 +78,8 @@ func (s *soak) progress(ctx context.Context) {
 func (s *soak) waitTerminal(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	want := s.load.committed()
-	if s.drill != nil {
-		want -= len(s.drill.gone) // lost with the old primary: never to finish
+	if s.pgLost != nil {
+		want -= len(s.pgLost.gone) // lost with an old primary: never to finish
 	}
 	for {
 		counts, err := s.statusCounts(ctx)
@@ -100,27 +100,36 @@ func (s *soak) waitTerminal(ctx context.Context, timeout time.Duration) error {
 }
 
 // waitReceipts waits, after every row finished, until no sent row is
-// waiting for a receipt the stub still tries to deliver (the sent rows are
-// at most the receipts it gave up), or timeout has passed; the check then
-// tells a receipt given up from one sendonce lost.
+// waiting for a receipt the stub still tries to deliver (the sent rows,
+// less those whose receipt an old primary took with it, are at most the
+// receipts it gave up), or timeout has passed; the check then tells a
+// receipt given up from one sendonce lost.
 func (s *soak) waitReceipts(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	for {
-		counts, err := s.statusCounts(ctx)
-		if err != nil {
-			return err
+	var lostWithPrimary []uuid.UUID
+	if s.pgLost != nil {
+		for id := range s.pgLost.receipts {
+			lostWithPrimary = append(lostWithPrimary, id)
 		}
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		st, err := smsstub.FetchStats(sctx, s.stub.url)
+	}
+	for {
+		var sent int64
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.pool.QueryRow(qctx, `SELECT count(*) FROM sms_outbox WHERE status = 'sent' AND NOT (id = ANY($1))`, lostWithPrimary).Scan(&sent)
 		cancel()
 		if err != nil {
+			return fmt.Errorf("count sent rows: %w", err)
+		}
+		st, err := s.stubStats(ctx)
+		if err != nil {
 			return err
 		}
-		if int64(counts["sent"]) <= st.ReceiptsGivenUp {
+		if sent <= st.ReceiptsGivenUp {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			s.logf("%d rows still sent %s after every row finished (the stub gave up %d receipts)", counts["sent"], timeout, st.ReceiptsGivenUp)
+			s.logf("%d rows still sent %s after every row finished (the stub gave up %d receipts; %d more were lost with an old primary)",
+				sent, timeout, st.ReceiptsGivenUp, len(lostWithPrimary))
 			return nil
 		}
 		if err := sleepCtx(ctx, time.Second); err != nil {
@@ -159,13 +168,16 @@ type result struct {
 	wrongFate        []badRow // delivered or undelivered, but not as the stub decided
 	receiptLost      []badRow // sent, though the receiver acknowledged the row's receipt
 	// receiptWithPrimary counts rows left sent whose acknowledged receipt
-	// was written on the old primary and lost with it (-drill pg-failover).
+	// was written on an old primary and lost with it (a failover).
 	receiptWithPrimary int
 	deadReasons        map[string]int
 	stats              smsstub.Stats
 	unexpected, unterm int64
 	cpMissed           int64
-	goneWithPrimary    int // -drill pg-failover: committed rows the promoted standby never had
+	goneWithPrimary    int // committed rows a promoted standby never had (a failover)
+	// failovers is the second line of a soak whose pg_failover faults
+	// happened: what the old primaries took with them.
+	failovers string
 }
 
 func (r *result) failed() bool {
@@ -222,7 +234,7 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		ours[id.String()] = true
 		row, ok := table[id]
 		res.classify(id, row, ok, deliveries[id.String()], lettered[id], s.cfg.provider,
-			s.drill != nil && s.drill.gone[id], s.drill != nil && s.drill.rewound[id])
+			s.pgLost != nil && s.pgLost.gone[id], s.pgLost != nil && s.pgLost.receipts[id])
 	}
 	for key := range deliveries {
 		if !ours[key] {
@@ -236,14 +248,17 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		}
 	}
 	s.failoverNotes(deliveries)
+	if s.drill == nil && s.pgLost != nil && s.pgLost.failovers > 0 {
+		res.failovers = s.failoverLine(deliveries, res.receiptWithPrimary)
+	}
 	if res.receiptWithPrimary > 0 {
-		s.logf("note: %d rows stay sent whose receipt the receiver had written on the old primary (lost with it; the provider does not send it again)", res.receiptWithPrimary)
+		s.logf("note: %d rows stay sent whose receipt the receiver had written on an old primary (lost with it; the provider does not send it again)", res.receiptWithPrimary)
 		if s.drill != nil {
 			s.drill.note("%d rows stay sent: their receipts were written on the old primary only", res.receiptWithPrimary)
 		}
 	}
 	if res.goneWithPrimary > 0 {
-		s.logf("note: %d committed rows were lost with the old primary (asynchronous replication); not counted as lost by the pipeline", res.goneWithPrimary)
+		s.logf("note: %d committed rows were lost with an old primary (asynchronous replication); not counted as lost by the pipeline", res.goneWithPrimary)
 	}
 	s.logf("provider: %d requests, %d deliveries, %d replays, %d withheld, %d injected failures, %d rate-limited, %d conflicts",
 		stats.Requests, stats.Deliveries, stats.Replays, stats.Withheld, stats.Failures, stats.RateLimited, stats.Conflicts)
@@ -300,9 +315,10 @@ type dbRow struct {
 
 // classify counts one committed row (ok: it is in the table; d: the stub's
 // record of its key; lettered: its dead letter is stored; gone: it was lost
-// with the old primary in a failover drill; rewound: its last status write
-// was) and records what it breaks.
-func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, lettered bool, provider string, gone, rewound bool) {
+// with an old primary in a failover; receiptGone: an old primary held it
+// delivered or undelivered, the promoted standby did not) and records what
+// it breaks.
+func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, lettered bool, provider string, gone, receiptGone bool) {
 	b := badRow{id: id, status: row.status, attempts: row.attempts, deliveries: d.Deliveries}
 	if d.Deliveries > 1 {
 		b.why = "delivered more than once"
@@ -329,10 +345,10 @@ func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, 
 		case d.Deliveries == 0:
 			b.why = row.status + " but never delivered"
 			r.lost = append(r.lost, b)
-		case row.status == "sent" && d.ReceiptAcked && rewound:
-			// The receipt was written on the old primary and lost with
-			// it: asynchronous replication's price, which the drill
-			// reports.
+		case row.status == "sent" && d.ReceiptAcked && receiptGone:
+			// The receipt was written on an old primary and lost with
+			// it: asynchronous replication's price, reported, until an
+			// overdue-receipt sweep asks the provider.
 			r.receiptWithPrimary++
 		case row.status == "sent" && d.ReceiptAcked:
 			b.why = "sent, though the receiver acknowledged its " + d.Fate + " receipt"

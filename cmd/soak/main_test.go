@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -156,6 +157,15 @@ func TestClassifyAtALookupProvider(t *testing.T) {
 	if !r.failed() {
 		t.Fatal("bad rows do not fail the soak")
 	}
+	// A receipt an old primary took with it: counted, not failed; one
+	// the promoted primary should hold fails as before.
+	acked := smsstub.Delivery{Deliveries: 1, ProviderID: "msg_7", Fate: "delivered", ReceiptAcked: true}
+	bad := len(r.bad())
+	r.classify(uuid.New(), dbRow{status: "sent", ref: "msg_7", maxAttempts: 8}, true, acked, true, providerLookup, false, true)
+	if len(r.bad()) != bad || r.receiptWithPrimary != 1 {
+		t.Fatalf("a receipt lost with an old primary: %d bad rows (was %d), %d counted", len(r.bad()), bad, r.receiptWithPrimary)
+	}
+	r.sent--
 	if r.delivered != 4 || r.undel != 1 || r.sent != 2 || r.unkn != 1 || len(r.dups) != 1 || len(r.wrongFate) != 1 || len(r.receiptLost) != 1 {
 		t.Fatalf("counts %+v", r)
 	}
@@ -185,8 +195,30 @@ func TestKindsForANonIdempotentProvider(t *testing.T) {
 	if len(kindsFor(providerIdempotent)) != len(faultKinds) {
 		t.Error("the idempotent soak does not draw every kind")
 	}
-	if len(kindsFor(providerLookup)) != len(faultKinds) {
-		t.Error("the soak with lookups does not draw every kind")
+	if got := kindsFor(providerLookup); len(got) != len(faultKinds)+1 || !slices.Contains(got, "pg_failover") {
+		t.Errorf("the soak with lookups draws %v, not every kind and pg_failover", got)
+	}
+	if slices.Contains(kindsFor(providerIdempotent), "pg_failover") {
+		t.Error("the idempotent soak, on the shared server, draws pg_failover")
+	}
+}
+
+// The composed faults come early in the first deck, so that a short run
+// meets them.
+func TestBringForward(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100 {
+		deck := append([]string{}, kindsFor(providerLookup)...)
+		rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		bringForward(deck, earlyKinds, rng)
+		if i := slices.Index(deck, "pg_failover"); i < 0 || i >= len(deck)/3 {
+			t.Fatalf("pg_failover at %d of %v", i, deck)
+		}
+		sorted := slices.Sorted(slices.Values(deck))
+		if !slices.Equal(sorted, slices.Sorted(slices.Values(kindsFor(providerLookup)))) {
+			t.Fatalf("the deck lost or doubled a kind: %v", deck)
+		}
 	}
 }
 

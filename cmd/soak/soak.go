@@ -39,13 +39,14 @@ type soak struct {
 
 	logDir     string
 	directURL  string // the database, reached directly (set-up, writers, checks)
-	proxiedURL string // the database through dbProxy (relays, senders)
+	proxiedURL string // the database through dbProxies (relays, senders, receiver)
 	pool       *pgxpool.Pool
 	broker     *broker              // the single server (no -cluster)
 	cluster    *natscluster.Cluster // -cluster
-	pg         *pgPair              // -drill pg-failover
+	pg         *pgPair              // a primary and a standby: -drill pg-failover, and the pg_failover fault
+	pgLost     *pgLosses            // what failovers lost with the old primaries (with pg)
 	drill      *drill               // the drill, once it ran
-	dbProxy    *tcpProxy
+	dbProxies  []*tcpProxy          // in front of Postgres: one, or one per server of pg
 	apiProxy   *tcpProxy
 	stub       *stubProc
 	apiKey     string
@@ -99,6 +100,13 @@ func (s *soak) slots() []*slot {
 // that the senders look up and that sends receipts (-provider lookup).
 func (s *soak) lookups() bool { return s.cfg.provider == providerLookup }
 
+// runsPGPair reports whether Postgres runs as a primary and a streaming
+// standby of the soak's own: for the failover drill, and for the
+// pg_failover fault of the soaks with lookups.
+func (s *soak) runsPGPair() bool {
+	return s.cfg.drill == "pg-failover" || s.cfg.drill == "" && s.lookups()
+}
+
 // run sets everything up, runs the load and the faults, waits for the rows
 // to finish and checks them. failed reports a duplicate or a loss; err a
 // soak that could not run.
@@ -123,7 +131,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	}
 
 	s.directURL = s.cfg.databaseURL
-	if s.cfg.drill == "pg-failover" {
+	if s.runsPGPair() {
 		if err := s.startPGPair(ctx); err != nil {
 			return false, err
 		}
@@ -146,21 +154,21 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	if s.cfg.drill != "" {
 		s.faults.kinds = []string{strings.ReplaceAll(s.cfg.drill, "-", "_")}
 	}
-	pgDesc := "postgres via the pair's multi-host DSN"
+	pgDesc := "postgres: the pair's multi-host DSN over its proxies"
 	if s.pg == nil {
 		pgAddr, err := hostPort(s.directURL, "5432")
 		if err != nil {
 			return false, err
 		}
-		if s.dbProxy, err = newTCPProxy("postgres", pgAddr); err != nil {
+		proxy, err := newTCPProxy("postgres", pgAddr)
+		if err != nil {
 			return false, err
 		}
+		s.dbProxies = []*tcpProxy{proxy}
 		u, _ := url.Parse(s.directURL)
-		u.Host = s.dbProxy.addr()
+		u.Host = proxy.addr()
 		s.proxiedURL = u.String()
-		pgDesc = fmt.Sprintf("postgres %s via proxy %s", pgAddr, s.dbProxy.addr())
-	} else {
-		s.proxiedURL = s.directURL
+		pgDesc = fmt.Sprintf("postgres %s via proxy %s", pgAddr, proxy.addr())
 	}
 
 	s.apiKey = "soak-" + uuid.NewString()
@@ -289,6 +297,9 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		return false, err
 	}
 	fmt.Fprintln(s.stdout, res.line(time.Since(s.start)))
+	if res.failovers != "" {
+		fmt.Fprintln(s.stdout, res.failovers)
+	}
 	if s.drill != nil {
 		fmt.Fprintln(s.stdout, s.drill.line())
 	}
@@ -307,7 +318,7 @@ func (s *soak) restore(ctx context.Context) error {
 	if _, err := smsstub.PostFaults(rctx, s.stub.url, smsstub.Faults{}); err != nil {
 		errs = append(errs, err)
 	}
-	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
+	for _, p := range append([]*tcpProxy{s.apiProxy}, s.dbProxies...) {
 		if p == nil {
 			continue
 		}
@@ -375,12 +386,14 @@ func (s *soak) cleanup(failed bool) {
 	}
 	s.stopNATS()
 	if s.pg != nil {
-		s.pg.stop(failed || s.cfg.keepLogs, s.logf)
-	}
-	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
-		if p != nil {
+		s.pg.stop(failed || s.cfg.keepLogs, s.logf) // its proxies too
+	} else {
+		for _, p := range s.dbProxies {
 			p.close()
 		}
+	}
+	if s.apiProxy != nil {
+		s.apiProxy.close()
 	}
 	if s.pool != nil {
 		s.pool.Close()
