@@ -16,6 +16,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
@@ -162,8 +163,9 @@ type result struct {
 	noLetter         []badRow // dead or unknown rows without a dead letter
 	deadEarly        []badRow // dead for max_attempts with attempts left: a budget spent by something that was not an attempt
 	unknownForbidden []badRow // unknown rows in a soak whose faults cannot make one, or whose lookups settle them
-	// -provider lookup
+	// -provider lookup and twilio
 	lookups          bool
+	twilio           bool // the stub counts pages of its lists as lookups
 	delivered, undel int
 	wrongFate        []badRow // delivered or undelivered, but not as the stub decided
 	receiptLost      []badRow // sent, though the receiver acknowledged the row's receipt
@@ -188,9 +190,13 @@ func (r *result) failed() bool {
 // line is the soak's one-line verdict.
 func (r *result) line(wall time.Duration) string {
 	if r.lookups {
-		return fmt.Sprintf("soak: rows %d; faults %s; delivered %d, undelivered %d, sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; wrong fate %d; receipts lost %d; lost %d; lookups %d, receipts %d (given up %d); wall %s",
+		lookups := "lookups"
+		if r.twilio {
+			lookups = "lookup pages"
+		}
+		return fmt.Sprintf("soak: rows %d; faults %s; delivered %d, undelivered %d, sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; wrong fate %d; receipts lost %d; lost %d; %s %d, receipts %d (given up %d); wall %s",
 			r.rows, r.faults, r.delivered, r.undel, r.sent, r.dead, r.unkn, len(r.dups), len(r.deadDelivered), len(r.wrongFate), len(r.receiptLost),
-			len(r.lost), r.stats.Lookups, r.stats.ReceiptsSent, r.stats.ReceiptsGivenUp, wall.Round(time.Second))
+			len(r.lost), lookups, r.stats.Lookups, r.stats.ReceiptsSent, r.stats.ReceiptsGivenUp, wall.Round(time.Second))
 	}
 	return fmt.Sprintf("soak: rows %d; faults %s; sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; lost %d; wall %s",
 		r.rows, r.faults, r.sent, r.dead, r.unkn, len(r.dups), len(r.deadDelivered), len(r.lost), wall.Round(time.Second))
@@ -225,7 +231,7 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 
-	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{}, lookups: s.lookups(),
+	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{}, lookups: s.lookups(), twilio: s.cfg.provider == providerTwilio,
 		unexpected: s.unexpected.Load(), unterm: s.termUnclean.Load(), cpMissed: s.cpMissed.Load()}
 	ids := s.load.committedIDs()
 	res.rows = len(ids)
@@ -270,6 +276,11 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		s.logf("evidence: %d lookups (%d failed), %d receipts answered 2xx (%d tries failed, %d given up); recorded: %s",
 			stats.Lookups, stats.LookupFailures, stats.ReceiptsSent, stats.ReceiptFailures, stats.ReceiptsGivenUp, ev)
 	}
+	if res.twilio {
+		least, most, numbers := perNumber(deliveries)
+		s.logf("twilio: %d numbers; %d to %d messages to one (a lookup of the most read %d pages of 100, and the first again; the adapter reads at most %d)",
+			numbers, least, most, (most+99)/100, provider.DefaultTwilioLookupPages)
+	}
 	s.logf("processes: %d unexpected exits, %d unclean SIGTERM exits, %d crash points armed but not reached",
 		res.unexpected, res.unterm, res.cpMissed)
 	if res.dead > 0 {
@@ -289,6 +300,24 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 			len(res.refMismatch), res.refMismatch[0].id, res.refMismatch[0].why)
 	}
 	return res, nil
+}
+
+// perNumber counts the messages the stub took to each number: the fewest
+// and the most to one, and the numbers. Numbers are not logged.
+func perNumber(deliveries map[string]smsstub.Delivery) (least, most, numbers int) {
+	per := map[string]int{}
+	for _, d := range deliveries {
+		if d.To != "" {
+			per[d.To] += d.Deliveries
+		}
+	}
+	for _, n := range per {
+		if least == 0 || n < least {
+			least = n
+		}
+		most = max(most, n)
+	}
+	return least, most, len(per)
 }
 
 // evidenceCounts sums the recorded receipts and lookups by kind and
@@ -381,7 +410,7 @@ func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, 
 			case providerNonIdempotent:
 				b.why = "unknown, though no fault drawn can make an outcome unknown: " + row.lastErr
 				r.unknownForbidden = append(r.unknownForbidden, b)
-			case providerLookup:
+			case providerLookup, providerTwilio:
 				b.why = "unknown, though lookups settle every unanswered attempt: " + row.lastErr
 				r.unknownForbidden = append(r.unknownForbidden, b)
 			}

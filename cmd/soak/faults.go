@@ -59,7 +59,7 @@ func kindsFor(provider string) []string {
 	switch provider {
 	case providerIdempotent:
 		return faultKinds
-	case providerLookup:
+	case providerLookup, providerTwilio:
 		// Lookups settle what a lost answer leaves open.
 		return append(faultKinds[:len(faultKinds):len(faultKinds)], lookupFaultKinds...)
 	}
