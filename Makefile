@@ -23,7 +23,9 @@ crash-build:
 # (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it;
 # SOAK_ARGS="-cluster" runs NATS as a 3-node cluster with leader kills;
 # SOAK_ARGS="-provider lookup" a provider without idempotency, settled by
-# lookups and receipts.
+# lookups and receipts, on a Postgres primary and standby that fail over;
+# SOAK_ARGS="-provider twilio" the same at the stub's Twilio facade, whose
+# lookups page through each number's messages.
 soak: build crash-build
 	./$(BIN)/soak -bin $(CRASH_BIN) $(SOAK_ARGS)
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/smsstub"
 )
 
@@ -78,8 +79,8 @@ func (s *soak) progress(ctx context.Context) {
 func (s *soak) waitTerminal(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	want := s.load.committed()
-	if s.drill != nil {
-		want -= len(s.drill.gone) // lost with the old primary: never to finish
+	if s.pgLost != nil {
+		want -= len(s.pgLost.gone) // lost with an old primary: never to finish
 	}
 	for {
 		counts, err := s.statusCounts(ctx)
@@ -100,27 +101,36 @@ func (s *soak) waitTerminal(ctx context.Context, timeout time.Duration) error {
 }
 
 // waitReceipts waits, after every row finished, until no sent row is
-// waiting for a receipt the stub still tries to deliver (the sent rows are
-// at most the receipts it gave up), or timeout has passed; the check then
-// tells a receipt given up from one sendonce lost.
+// waiting for a receipt the stub still tries to deliver (the sent rows,
+// less those whose receipt an old primary took with it, are at most the
+// receipts it gave up), or timeout has passed; the check then tells a
+// receipt given up from one sendonce lost.
 func (s *soak) waitReceipts(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	for {
-		counts, err := s.statusCounts(ctx)
-		if err != nil {
-			return err
+	var lostWithPrimary []uuid.UUID
+	if s.pgLost != nil {
+		for id := range s.pgLost.receipts {
+			lostWithPrimary = append(lostWithPrimary, id)
 		}
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		st, err := smsstub.FetchStats(sctx, s.stub.url)
+	}
+	for {
+		var sent int64
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.pool.QueryRow(qctx, `SELECT count(*) FROM sms_outbox WHERE status = 'sent' AND NOT (id = ANY($1))`, lostWithPrimary).Scan(&sent)
 		cancel()
 		if err != nil {
+			return fmt.Errorf("count sent rows: %w", err)
+		}
+		st, err := s.stubStats(ctx)
+		if err != nil {
 			return err
 		}
-		if int64(counts["sent"]) <= st.ReceiptsGivenUp {
+		if sent <= st.ReceiptsGivenUp {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			s.logf("%d rows still sent %s after every row finished (the stub gave up %d receipts)", counts["sent"], timeout, st.ReceiptsGivenUp)
+			s.logf("%d rows still sent %s after every row finished (the stub gave up %d receipts; %d more were lost with an old primary)",
+				sent, timeout, st.ReceiptsGivenUp, len(lostWithPrimary))
 			return nil
 		}
 		if err := sleepCtx(ctx, time.Second); err != nil {
@@ -153,19 +163,23 @@ type result struct {
 	noLetter         []badRow // dead or unknown rows without a dead letter
 	deadEarly        []badRow // dead for max_attempts with attempts left: a budget spent by something that was not an attempt
 	unknownForbidden []badRow // unknown rows in a soak whose faults cannot make one, or whose lookups settle them
-	// -provider lookup
+	// -provider lookup and twilio
 	lookups          bool
+	twilio           bool // the stub counts pages of its lists as lookups
 	delivered, undel int
 	wrongFate        []badRow // delivered or undelivered, but not as the stub decided
 	receiptLost      []badRow // sent, though the receiver acknowledged the row's receipt
 	// receiptWithPrimary counts rows left sent whose acknowledged receipt
-	// was written on the old primary and lost with it (-drill pg-failover).
+	// was written on an old primary and lost with it (a failover).
 	receiptWithPrimary int
 	deadReasons        map[string]int
 	stats              smsstub.Stats
 	unexpected, unterm int64
 	cpMissed           int64
-	goneWithPrimary    int // -drill pg-failover: committed rows the promoted standby never had
+	goneWithPrimary    int // committed rows a promoted standby never had (a failover)
+	// failovers is the second line of a soak whose pg_failover faults
+	// happened: what the old primaries took with them.
+	failovers string
 }
 
 func (r *result) failed() bool {
@@ -176,9 +190,13 @@ func (r *result) failed() bool {
 // line is the soak's one-line verdict.
 func (r *result) line(wall time.Duration) string {
 	if r.lookups {
-		return fmt.Sprintf("soak: rows %d; faults %s; delivered %d, undelivered %d, sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; wrong fate %d; receipts lost %d; lost %d; lookups %d, receipts %d (given up %d); wall %s",
+		lookups := "lookups"
+		if r.twilio {
+			lookups = "lookup pages"
+		}
+		return fmt.Sprintf("soak: rows %d; faults %s; delivered %d, undelivered %d, sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; wrong fate %d; receipts lost %d; lost %d; %s %d, receipts %d (given up %d); wall %s",
 			r.rows, r.faults, r.delivered, r.undel, r.sent, r.dead, r.unkn, len(r.dups), len(r.deadDelivered), len(r.wrongFate), len(r.receiptLost),
-			len(r.lost), r.stats.Lookups, r.stats.ReceiptsSent, r.stats.ReceiptsGivenUp, wall.Round(time.Second))
+			len(r.lost), lookups, r.stats.Lookups, r.stats.ReceiptsSent, r.stats.ReceiptsGivenUp, wall.Round(time.Second))
 	}
 	return fmt.Sprintf("soak: rows %d; faults %s; sent %d, dead %d, unknown %d; duplicates %d; dead but delivered %d; lost %d; wall %s",
 		r.rows, r.faults, r.sent, r.dead, r.unkn, len(r.dups), len(r.deadDelivered), len(r.lost), wall.Round(time.Second))
@@ -213,7 +231,7 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 
-	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{}, lookups: s.lookups(),
+	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{}, lookups: s.lookups(), twilio: s.cfg.provider == providerTwilio,
 		unexpected: s.unexpected.Load(), unterm: s.termUnclean.Load(), cpMissed: s.cpMissed.Load()}
 	ids := s.load.committedIDs()
 	res.rows = len(ids)
@@ -222,7 +240,7 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		ours[id.String()] = true
 		row, ok := table[id]
 		res.classify(id, row, ok, deliveries[id.String()], lettered[id], s.cfg.provider,
-			s.drill != nil && s.drill.gone[id], s.drill != nil && s.drill.rewound[id])
+			s.pgLost != nil && s.pgLost.gone[id], s.pgLost != nil && s.pgLost.receipts[id])
 	}
 	for key := range deliveries {
 		if !ours[key] {
@@ -236,14 +254,17 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		}
 	}
 	s.failoverNotes(deliveries)
+	if s.drill == nil && s.pgLost != nil && s.pgLost.failovers > 0 {
+		res.failovers = s.failoverLine(deliveries, res.receiptWithPrimary)
+	}
 	if res.receiptWithPrimary > 0 {
-		s.logf("note: %d rows stay sent whose receipt the receiver had written on the old primary (lost with it; the provider does not send it again)", res.receiptWithPrimary)
+		s.logf("note: %d rows stay sent whose receipt the receiver had written on an old primary (lost with it; the provider does not send it again)", res.receiptWithPrimary)
 		if s.drill != nil {
 			s.drill.note("%d rows stay sent: their receipts were written on the old primary only", res.receiptWithPrimary)
 		}
 	}
 	if res.goneWithPrimary > 0 {
-		s.logf("note: %d committed rows were lost with the old primary (asynchronous replication); not counted as lost by the pipeline", res.goneWithPrimary)
+		s.logf("note: %d committed rows were lost with an old primary (asynchronous replication); not counted as lost by the pipeline", res.goneWithPrimary)
 	}
 	s.logf("provider: %d requests, %d deliveries, %d replays, %d withheld, %d injected failures, %d rate-limited, %d conflicts",
 		stats.Requests, stats.Deliveries, stats.Replays, stats.Withheld, stats.Failures, stats.RateLimited, stats.Conflicts)
@@ -254,6 +275,11 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		}
 		s.logf("evidence: %d lookups (%d failed), %d receipts answered 2xx (%d tries failed, %d given up); recorded: %s",
 			stats.Lookups, stats.LookupFailures, stats.ReceiptsSent, stats.ReceiptFailures, stats.ReceiptsGivenUp, ev)
+	}
+	if res.twilio {
+		least, most, numbers := perNumber(deliveries)
+		s.logf("twilio: %d numbers; %d to %d messages to one (a lookup of the most read %d pages of 100, and the first again; the adapter reads at most %d)",
+			numbers, least, most, (most+99)/100, provider.DefaultTwilioLookupPages)
 	}
 	s.logf("processes: %d unexpected exits, %d unclean SIGTERM exits, %d crash points armed but not reached",
 		res.unexpected, res.unterm, res.cpMissed)
@@ -274,6 +300,24 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 			len(res.refMismatch), res.refMismatch[0].id, res.refMismatch[0].why)
 	}
 	return res, nil
+}
+
+// perNumber counts the messages the stub took to each number: the fewest
+// and the most to one, and the numbers. Numbers are not logged.
+func perNumber(deliveries map[string]smsstub.Delivery) (least, most, numbers int) {
+	per := map[string]int{}
+	for _, d := range deliveries {
+		if d.To != "" {
+			per[d.To] += d.Deliveries
+		}
+	}
+	for _, n := range per {
+		if least == 0 || n < least {
+			least = n
+		}
+		most = max(most, n)
+	}
+	return least, most, len(per)
 }
 
 // evidenceCounts sums the recorded receipts and lookups by kind and
@@ -300,9 +344,10 @@ type dbRow struct {
 
 // classify counts one committed row (ok: it is in the table; d: the stub's
 // record of its key; lettered: its dead letter is stored; gone: it was lost
-// with the old primary in a failover drill; rewound: its last status write
-// was) and records what it breaks.
-func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, lettered bool, provider string, gone, rewound bool) {
+// with an old primary in a failover; receiptGone: an old primary held it
+// delivered or undelivered, the promoted standby did not) and records what
+// it breaks.
+func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, lettered bool, provider string, gone, receiptGone bool) {
 	b := badRow{id: id, status: row.status, attempts: row.attempts, deliveries: d.Deliveries}
 	if d.Deliveries > 1 {
 		b.why = "delivered more than once"
@@ -329,10 +374,10 @@ func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, 
 		case d.Deliveries == 0:
 			b.why = row.status + " but never delivered"
 			r.lost = append(r.lost, b)
-		case row.status == "sent" && d.ReceiptAcked && rewound:
-			// The receipt was written on the old primary and lost with
-			// it: asynchronous replication's price, which the drill
-			// reports.
+		case row.status == "sent" && d.ReceiptAcked && receiptGone:
+			// The receipt was written on an old primary and lost with
+			// it: asynchronous replication's price, reported, until an
+			// overdue-receipt sweep asks the provider.
 			r.receiptWithPrimary++
 		case row.status == "sent" && d.ReceiptAcked:
 			b.why = "sent, though the receiver acknowledged its " + d.Fate + " receipt"
@@ -365,7 +410,7 @@ func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, 
 			case providerNonIdempotent:
 				b.why = "unknown, though no fault drawn can make an outcome unknown: " + row.lastErr
 				r.unknownForbidden = append(r.unknownForbidden, b)
-			case providerLookup:
+			case providerLookup, providerTwilio:
 				b.why = "unknown, though lookups settle every unanswered attempt: " + row.lastErr
 				r.unknownForbidden = append(r.unknownForbidden, b)
 			}

@@ -4,23 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sendonce/sendonce/internal/pgserver"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testport"
 )
 
 // A drill replaces the random faults with one scripted failure, timed, with
@@ -33,9 +26,10 @@ import (
 //     again; the reconciler republishes the rows whose messages were lost
 //     with the store (queued, not yet sent).
 //   - pg-failover: Postgres is a primary and a streaming standby (asynchronous
-//     replication) that the soak makes with initdb and pg_basebackup; the
-//     processes and the writers reach them through one multi-host DSN with
-//     target_session_attrs=read-write. The replication link is cut, the
+//     replication) that the soak makes with initdb and pg_basebackup (see
+//     pgPair); the processes and the writers reach them through one
+//     multi-host DSN with target_session_attrs=read-write (the processes
+//     over a proxy per server). The replication link is cut, the
 //     primary crashes 2s later, the standby is promoted. What the standby
 //     never received is lost: inserts, and status writes (a sent row is
 //     queued again, a queued one pending). The relay and the reconciler move
@@ -48,11 +42,6 @@ type drill struct {
 	// whose recovery is timed.
 	before []uuid.UUID
 	notes  []string // what was measured, in order
-
-	// pg-failover
-	gone       map[uuid.UUID]bool // committed on the old primary, lost with it
-	statusLost map[string]int     // "sent>queued": status writes the standby never got
-	rewound    map[uuid.UUID]bool // rows whose last status write the standby never got
 }
 
 func (d *drill) note(format string, args ...any) {
@@ -86,10 +75,6 @@ func (s *soak) drillLoop(ctx context.Context) {
 		s.logf("drill %s: %v", s.cfg.drill, err)
 	}
 }
-
-// drillWithhold is the share of messages the provider takes without
-// answering around a failover at a provider without idempotency.
-const drillWithhold = 0.25
 
 // drillLatency is the stub's latency before a drill's failure: the three
 // senders' 96 attempts in flight then finish about 190 rows a second, below
@@ -221,189 +206,29 @@ func waitUntil(ctx context.Context, d, step time.Duration, cond func() bool) err
 	return nil
 }
 
-// pgPair is the primary and the standby of -drill pg-failover.
-type pgPair struct {
-	dir              string
-	primary, standby *pgserver.Server
-	link             *tcpProxy // the standby's replication connection goes through it
-	db               string
-}
-
-// startPGPair makes the primary (database created and migrated), a proxy
-// for the replication link, and a streaming standby behind it; the soak's
-// database URL becomes the pair's multi-host DSN.
-func (s *soak) startPGPair(ctx context.Context) error {
-	bin := s.cfg.pgBin
-	if bin == "" {
-		var err error
-		if bin, err = pgserver.FindBin(); err != nil {
-			return err
-		}
-	}
-	u, err := url.Parse(s.cfg.databaseURL)
-	if err != nil {
-		return err
-	}
-	p := &pgPair{db: strings.TrimPrefix(u.Path, "/")}
-	s.pg = p
-	if p.dir, err = pgserver.NewDir(""); err != nil {
-		return err
-	}
-	ports := make([]int, 2)
-	for i := range ports {
-		if ports[i], err = testport.Pick(); err != nil {
-			return err
-		}
-	}
-	if p.primary, err = pgserver.Init(ctx, bin, p.dir, "primary", ports[0]); err != nil {
-		return err
-	}
-	if err := p.primary.Start(ctx); err != nil {
-		return err
-	}
-	conn, err := pgx.Connect(ctx, p.primary.URL("postgres"))
-	if err != nil {
-		return err
-	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{p.db}.Sanitize())
-	conn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	s.directURL = p.primary.URL(p.db)
-	if err := s.migrate(ctx); err != nil {
-		return err
-	}
-	if p.link, err = newTCPProxy("replication", p.primary.Addr()); err != nil {
-		return err
-	}
-	host, port, _ := net.SplitHostPort(p.link.addr())
-	linkPort, _ := strconv.Atoi(port)
-	if p.standby, err = pgserver.BaseBackup(ctx, bin, host, linkPort, p.dir, "standby", ports[1]); err != nil {
-		return err
-	}
-	if err := p.standby.Start(ctx); err != nil {
-		return err
-	}
-	if err := waitUntil(ctx, time.Minute, 200*time.Millisecond, func() bool {
-		c, err := pgx.Connect(ctx, p.primary.URL("postgres"))
-		if err != nil {
-			return false
-		}
-		defer c.Close(ctx)
-		var n int
-		_ = c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'`).Scan(&n)
-		return n == 1
-	}); err != nil {
-		return errors.New("the standby does not stream from the primary")
-	}
-	// One DSN for every client: the first host that takes writes.
-	s.directURL = fmt.Sprintf("postgres://postgres@%s,%s/%s?sslmode=disable&target_session_attrs=read-write",
-		p.primary.Addr(), p.standby.Addr(), p.db)
-	s.logf("postgres primary %s, streaming standby %s (replication through %s); data in %s",
-		p.primary.Addr(), p.standby.Addr(), p.link.addr(), p.dir)
-	return nil
-}
-
-func (p *pgPair) stop(keep bool, logf func(string, ...any)) {
-	for _, srv := range []*pgserver.Server{p.primary, p.standby} {
-		if srv != nil {
-			srv.StopQuietly()
-		}
-	}
-	if p.link != nil {
-		p.link.close()
-	}
-	if keep {
-		logf("postgres data and logs kept in %s", p.dir)
-		return
-	}
-	_ = os.RemoveAll(p.dir)
-}
-
-// drillFailover cuts the replication link, crashes the primary 2s later,
-// records what the standby holds, promotes it, and times the recovery; at
-// the end (failoverLosses) it compares with what the old primary held.
+// drillFailover runs one failover (see soak.failover: at a provider
+// without idempotency, with calls in flight across it), notes what the old
+// primary took with it, and times the recovery; at the end
+// (failoverNotes) it adds how the rows it touched ended.
 func (s *soak) drillFailover(ctx context.Context) error {
-	p := s.pg
-	if s.lookups() {
-		// Ambiguous calls in flight across the failover: from a few
-		// seconds before the link is cut until the promotion, the
-		// provider, still slow, takes a share of the messages and never
-		// answers (the senders give up at their timeout, 10s by default).
-		// Their claims, and what the senders write of them, may be lost
-		// with the old primary.
-		if err := s.setStubFaults(ctx, smsstub.Faults{Latency: drillLatency, WithholdRate: drillWithhold, WithholdMode: smsstub.WithholdHang}); err != nil {
-			return err
-		}
-		_ = sleepCtx(ctx, 3*time.Second)
+	// The provider, slowed before the failure, stays slow until the
+	// promotion.
+	f, promoted, err := s.failover(ctx, smsstub.Faults{Latency: drillLatency})
+	if promoted {
+		s.faults.add("pg_failover")
 	}
-	p.link.disable()
-	cut := time.Now()
-	_ = sleepCtx(ctx, 2*time.Second)
-	if err := p.primary.Crash(ctx); err != nil {
-		return err
-	}
-	crashed := time.Now()
-	s.faults.add("pg_failover")
-	s.logf("DRILL pg-failover: replication link cut, primary crashed %s later", crashed.Sub(cut).Round(time.Millisecond))
-	// The standby, read-only, holds what will survive.
-	snap, err := rowStatuses(ctx, p.standby.URL(p.db))
 	if err != nil {
-		return fmt.Errorf("read the standby: %w", err)
-	}
-	if err := p.standby.Promote(ctx); err != nil {
-		return err
-	}
-	promoted := time.Now()
-	if err := s.setStubFaults(ctx, smsstub.Faults{}); err != nil {
 		return err
 	}
 	if s.lookups() {
-		st, err := smsstub.FetchStats(ctx, s.stub.url)
-		if err != nil {
-			return err
-		}
 		s.drill.note("replication cut, primary crashed 2s later, standby promoted %s after the crash (the provider slowed to %s until then, and from 3s before the cut took %.0f%% of the messages without answering: %d calls in flight lost their answer)",
-			promoted.Sub(crashed).Round(100*time.Millisecond), drillLatency, 100*drillWithhold, st.Withheld)
+			f.promoteAfter.Round(100*time.Millisecond), drillLatency, 100*failoverShare, f.withheld)
 	} else {
 		s.drill.note("replication cut, primary crashed 2s later, standby promoted %s after the crash (the provider slowed to %s until then)",
-			promoted.Sub(crashed).Round(100*time.Millisecond), drillLatency)
+			f.promoteAfter.Round(100*time.Millisecond), drillLatency)
 	}
-
-	// The old primary, started alone on a port of its own, says what was
-	// lost with it.
-	oldPort, err := testport.Pick()
-	if err != nil {
-		return err
-	}
-	old := *p.primary
-	old.Port = oldPort
-	if err := old.Start(ctx); err != nil {
-		return fmt.Errorf("start the old primary to read it: %w", err)
-	}
-	was, err := rowStatuses(ctx, old.URL(p.db))
-	old.StopQuietly()
-	if err != nil {
-		return fmt.Errorf("read the old primary: %w", err)
-	}
-	s.drill.gone, s.drill.statusLost, s.drill.rewound = map[uuid.UUID]bool{}, map[string]int{}, map[uuid.UUID]bool{}
-	for id, st := range was {
-		now, ok := snap[id]
-		switch {
-		case !ok:
-			s.drill.gone[id] = true
-		case now != st:
-			s.drill.statusLost[st+">"+now]++
-			s.drill.rewound[id] = true
-		}
-	}
-	lostWrites := 0
-	for _, n := range s.drill.statusLost {
-		lostWrites += n
-	}
-	s.drill.note("lost with the primary: %d inserts and %d status writes (%s)", len(s.drill.gone), lostWrites, formatTransitions(s.drill.statusLost))
-	return s.timeRecovery(ctx, promoted, "the promotion")
+	s.drill.note("lost with the primary: %d inserts and %d status writes (%s)", f.gone, f.writes, formatTransitions(f.transitions))
+	return s.timeRecovery(ctx, f.promotedAt, "the promotion")
 }
 
 // failoverNotes adds, after the check, how the rows the failover touched
@@ -411,56 +236,24 @@ func (s *soak) drillFailover(ctx context.Context) error {
 // (the application's own transaction is lost with them: asynchronous
 // replication's price), and rows whose status writes were lost.
 func (s *soak) failoverNotes(deliveries map[string]smsstub.Delivery) {
-	if s.drill == nil || s.drill.gone == nil {
+	if s.drill == nil || s.pgLost == nil || s.pgLost.failovers == 0 {
 		return
 	}
+	l := s.pgLost
 	delivered := 0
-	for id := range s.drill.gone {
+	for id := range l.gone {
 		if deliveries[id.String()].Deliveries > 0 {
 			delivered++
 		}
 	}
-	s.drill.note("of the %d lost inserts the provider had delivered %d before the crash (their rows are gone with the application's transactions)", len(s.drill.gone), delivered)
+	s.drill.note("of the %d lost inserts the provider had delivered %d before the crash (their rows are gone with the application's transactions)", len(l.gone), delivered)
 	if s.lookups() {
 		twice := 0
-		for id := range s.drill.rewound {
+		for id := range l.rewound {
 			if deliveries[id.String()].Deliveries > 1 {
 				twice++
 			}
 		}
-		s.drill.note("at a provider without idempotency, with lookups: of the %d rows whose status write was lost, %d were delivered twice", len(s.drill.rewound), twice)
+		s.drill.note("at a provider without idempotency, with lookups: of the %d rows whose status write was lost, %d were delivered twice", len(l.rewound), twice)
 	}
-}
-
-// rowStatuses reads every row's status from the database at dsn.
-func rowStatuses(ctx context.Context, dsn string) (map[uuid.UUID]string, error) {
-	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(cctx, dsn)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(cctx)
-	rows, _ := conn.Query(cctx, `SELECT id, status FROM sms_outbox`)
-	out := map[uuid.UUID]string{}
-	var id uuid.UUID
-	var st string
-	_, err = pgx.ForEachRow(rows, []any{&id, &st}, func() error { out[id] = st; return nil })
-	return out, err
-}
-
-func formatTransitions(m map[string]int) string {
-	if len(m) == 0 {
-		return "none"
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s back to %s %d", strings.Split(k, ">")[0], strings.Split(k, ">")[1], m[k])
-	}
-	return strings.Join(parts, ", ")
 }

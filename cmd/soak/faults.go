@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,14 +30,38 @@ var faultKinds = []string{
 	"db_outage",      // partition Postgres from relays and senders for 15-35 s
 }
 
+// lookupFaultKinds are drawn besides faultKinds where the senders look up
+// (-provider lookup and twilio): faults that compose with lost answers,
+// which only a lookup can settle.
+var lookupFaultKinds = []string{
+	// Answers withheld (calls in flight), the replication link cut, the
+	// primary killed 2s later, the standby promoted, and a new standby
+	// made from it (pgFailover).
+	"pg_failover",
+	// "receipts_lost" goes here once the overdue-receipt sweep lands:
+	// receipts the receiver acknowledged and then lost, which only the
+	// sweep (asking the provider about rows sent long ago) can settle.
+	// Its case goes in inject; and the check (classify) then fails a row
+	// left sent with its receipt lost, here or with an old primary (now
+	// counted as receiptWithPrimary), once the sweep had time to ask.
+}
+
+// earlyKinds come in the first third of the first deck: a short run (the
+// 5,000 rows of CI) sees fewer faults than a deck holds, and these are the
+// composed faults it is run for.
+var earlyKinds = []string{"pg_failover"}
+
 // kindsFor returns the fault kinds drawn for a provider mode. At a provider
 // without idempotency and without lookups, a sender killed mid-call, a lost
 // response and a reset response make an outcome unknown by nature; the
 // others must not. With lookups, every kind is drawn.
 func kindsFor(provider string) []string {
-	if provider == providerIdempotent || provider == providerLookup {
-		// Lookups settle what a lost answer leaves open.
+	switch provider {
+	case providerIdempotent:
 		return faultKinds
+	case providerLookup, providerTwilio:
+		// Lookups settle what a lost answer leaves open.
+		return append(faultKinds[:len(faultKinds):len(faultKinds)], lookupFaultKinds...)
 	}
 	var out []string
 	for _, k := range faultKinds {
@@ -112,6 +138,9 @@ func (s *soak) faultLoop(ctx context.Context, stop <-chan struct{}) {
 		if len(deck) == 0 {
 			deck = append(deck, s.kinds()...)
 			s.rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+			if n == 1 {
+				bringForward(deck, earlyKinds, s.rng)
+			}
 		}
 		kind := deck[0]
 		deck = deck[1:]
@@ -126,6 +155,29 @@ func (s *soak) faultLoop(ctx context.Context, stop <-chan struct{}) {
 		default:
 			s.logf("fault %s (from %s) not injected: %s", kind, began, detail)
 		}
+	}
+}
+
+// bringForward moves each of early found in deck's last two thirds to a
+// random place in its first third that holds none of them, while there is
+// one.
+func bringForward(deck, early []string, rng *rand.Rand) {
+	third := max(1, len(deck)/3)
+	for i := third; i < len(deck); i++ {
+		if !slices.Contains(early, deck[i]) {
+			continue
+		}
+		var free []int
+		for j := range third {
+			if !slices.Contains(early, deck[j]) {
+				free = append(free, j)
+			}
+		}
+		if len(free) == 0 {
+			return
+		}
+		j := free[rng.IntN(len(free))]
+		deck[i], deck[j] = deck[j], deck[i]
 	}
 }
 
@@ -187,6 +239,8 @@ func (s *soak) inject(ctx context.Context, kind string) (string, bool, error) {
 		return s.dbCut(ctx)
 	case "db_outage":
 		return s.dbOutage(ctx)
+	case "pg_failover":
+		return s.pgFailover(ctx)
 	}
 	return "", false, fmt.Errorf("unknown fault kind %q", kind)
 }
@@ -294,51 +348,62 @@ func (s *soak) stubFault(ctx context.Context, f smsstub.Faults, what string) (st
 	return fmt.Sprintf("%s for %s", what, d.Round(time.Millisecond)), true, nil
 }
 
-// dbCut cuts the database connections of relays and senders for 1 to 2
-// seconds: either the proxy is disabled (every connection closed, new ones
-// refused) or every connection is reset as soon as it carries data.
+// dbCut cuts the database connections of relays, senders and receiver for
+// 1 to 2 seconds: either the proxies are disabled (every connection
+// closed, new ones refused) or every connection is reset as soon as it
+// carries data.
 func (s *soak) dbCut(ctx context.Context) (string, bool, error) {
 	d := s.uniform(time.Second, 2*time.Second)
 	if s.rng.IntN(2) == 0 {
-		s.dbProxy.disable()
+		for _, p := range s.dbProxies {
+			p.disable()
+		}
 		_ = sleepCtx(ctx, d)
-		if err := s.dbProxy.enable(); err != nil {
-			return "", true, err
+		for _, p := range s.dbProxies {
+			if err := p.enable(); err != nil {
+				return "", true, err
+			}
 		}
 		return fmt.Sprintf("proxy disabled for %s", d.Round(time.Millisecond)), true, nil
 	}
-	for _, stream := range []string{"upstream", "downstream"} {
-		if err := s.dbProxy.addToxic("soak_db_reset_"+stream, "reset_peer", stream, map[string]any{"timeout": 0}); err != nil {
-			return "", true, err
-		}
-	}
-	_ = sleepCtx(ctx, d)
-	for _, stream := range []string{"upstream", "downstream"} {
-		if err := s.dbProxy.removeToxic("soak_db_reset_" + stream); err != nil {
-			return "", true, err
-		}
+	if err := s.dbToxics(ctx, "soak_db_reset_", "reset_peer", d); err != nil {
+		return "", true, err
 	}
 	return fmt.Sprintf("connections reset for %s", d.Round(time.Millisecond)), true, nil
 }
 
-// dbOutage partitions Postgres from the relays and senders for 15 to 35
-// seconds, longer than the senders' lease: queries and answers are dropped
-// and connections hang, as in a network partition. The senders must hold
-// what they learned (provider answers, claims whose answer was lost) and
-// write it when the database is back; the reconciler, behind the same
-// partition, must not mistake them for dead senders.
+// dbOutage partitions Postgres from the relays, senders and receiver for
+// 15 to 35 seconds, longer than the senders' lease: queries and answers
+// are dropped and connections hang, as in a network partition. The senders
+// must hold what they learned (provider answers, claims whose answer was
+// lost) and write it when the database is back; the reconciler, behind the
+// same partition, must not mistake them for dead senders.
 func (s *soak) dbOutage(ctx context.Context) (string, bool, error) {
 	d := s.uniform(15*time.Second, 35*time.Second)
-	for _, stream := range []string{"upstream", "downstream"} {
-		if err := s.dbProxy.addToxic("soak_db_outage_"+stream, "timeout", stream, map[string]any{"timeout": 0}); err != nil {
-			return "", true, err
+	if err := s.dbToxics(ctx, "soak_db_outage_", "timeout", d); err != nil {
+		return "", true, err
+	}
+	return fmt.Sprintf("postgres partitioned for %s", d.Round(time.Millisecond)), true, nil
+}
+
+// dbToxics puts a toxic of typ (timeout 0) on both directions of every
+// database proxy for d, then removes them.
+func (s *soak) dbToxics(ctx context.Context, prefix, typ string, d time.Duration) error {
+	streams := []string{"upstream", "downstream"}
+	for _, p := range s.dbProxies {
+		for _, stream := range streams {
+			if err := p.addToxic(prefix+stream, typ, stream, map[string]any{"timeout": 0}); err != nil {
+				return err
+			}
 		}
 	}
 	_ = sleepCtx(ctx, d)
-	for _, stream := range []string{"upstream", "downstream"} {
-		if err := s.dbProxy.removeToxic("soak_db_outage_" + stream); err != nil {
-			return "", true, err
+	for _, p := range s.dbProxies {
+		for _, stream := range streams {
+			if err := p.removeToxic(prefix + stream); err != nil {
+				return err
+			}
 		}
 	}
-	return fmt.Sprintf("postgres partitioned for %s", d.Round(time.Millisecond)), true, nil
+	return nil
 }

@@ -27,6 +27,9 @@ type loader struct {
 	writers  int
 	duration time.Duration
 	logf     func(string, ...any)
+	// numbers, when set, is the pool of numbers the rows go to, row i to
+	// number i mod numbers (-provider twilio); 0: a number of its own each.
+	numbers int
 
 	next  atomic.Int64 // first row index of the next chunk to write
 	count atomic.Int64 // committed rows
@@ -116,7 +119,7 @@ func (l *loader) writeChunk(ctx context.Context, first, last int) error {
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := pgx.BeginFunc(tctx, l.pool, func(tx pgx.Tx) error {
 			for i := first; i < last; i++ {
-				id, err := outbox.Enqueue(tctx, tx, phone(i), body(i))
+				id, err := outbox.Enqueue(tctx, tx, l.phone(i), body(i))
 				if err != nil {
 					return err
 				}
@@ -151,8 +154,17 @@ func (l *loader) writeChunk(ctx context.Context, first, last int) error {
 	return fmt.Errorf("rows %d-%d: %w", first, last-1, lastErr)
 }
 
-// phone is row i's number: unique per row.
+// phone is row i's number: its own, or one of the pool.
+func (l *loader) phone(i int) string {
+	if l.numbers > 0 {
+		i %= l.numbers
+	}
+	return phone(i)
+}
+
+// phone is the number of index i.
 func phone(i int) string { return fmt.Sprintf("+1555%07d", i) }
 
-// body is row i's text.
+// body is row i's text, unique per row: two rows with the same text to
+// the same number (twins) are tested elsewhere.
 func body(i int) string { return fmt.Sprintf("soak message %d", i) }

@@ -20,7 +20,21 @@
 // kinds that cannot make an outcome unknown by themselves are drawn. With
 // -provider lookup the stub ignores keys too, but sends signed delivery
 // receipts to a receiver (a sixth process) and the senders look an
-// unanswered attempt up before anything else, so every kind is drawn.
+// unanswered attempt up before anything else, so every kind is drawn, and
+// a twelfth that composes with the lost answers: pg_failover. Postgres is
+// then a primary and a streaming standby of the soak's own (initdb,
+// pg_basebackup; see pg.go), each behind a proxy that the relays, senders
+// and receiver reach through one multi-host DSN, so that the database
+// faults still reach them. pg_failover withholds a quarter of the
+// provider's answers (calls in flight), cuts the replication link, kills
+// the primary 2s later and promotes the standby, as the failover drill
+// does; then it makes a new standby of the promoted primary, so that the
+// fault can come again. -provider twilio is the same at the stub's Twilio
+// facade, through the senders' Twilio adapter (SMS_PROVIDER=twilio), whose
+// lookups read every page of a number's messages: the rows go to a pool of
+// numbers, ten per 2,500 rows, so that each number takes at most 250
+// messages (3 pages of 100 at the end; the adapter's cap is 10 pages), and
+// the status callbacks are signed with X-Twilio-Signature.
 //
 // End: every fault is restored, every process made to run, and the soak waits
 // for every row to reach a terminal status. It then compares the rows with
@@ -28,10 +42,18 @@
 //
 //	soak: rows 5000; faults 21 (sender_kill 2, ...); sent 5000, dead 0, unknown 0; duplicates 0; dead but delivered 0; lost 0; wall 2m3s
 //
-// With -provider lookup the line counts the settled statuses and the
-// evidence, and a row whose status is not the stub's decision fails it:
+// With -provider lookup (and twilio, which counts the pages of lists as
+// "lookup pages") the line counts the settled statuses and the evidence,
+// and a row whose status is not the stub's decision fails it:
 //
 //	soak: rows 5000; faults 21 (...); delivered 4490, undelivered 500, sent 10, dead 0, unknown 0; duplicates 0; dead but delivered 0; wrong fate 0; receipts lost 0; lost 0; lookups 310, receipts 5262 (given up 10); wall 2m3s
+//
+// After a pg_failover, what the old primaries took with them is not the
+// pipeline's loss: inserts never replicated (the application's transaction
+// is lost with them), status writes, and receipts the receiver wrote there
+// only (their rows stay sent: counted, not failed). A second line says so:
+//
+//	pg_failover: 1 failovers; lost with the old primaries: 150 inserts (150 of them delivered before the crash), 58 status writes (...), of whose rows 0 were delivered twice; 58 receipts (44 of their rows left sent)
 //
 // With -cluster, NATS is a 3-node JetStream cluster of nats-server processes
 // (bin/nats-server; NATS_REPLICAS=3, sync_interval always), and the broker
@@ -109,7 +131,33 @@ const (
 	// (delivered or undelivered; sent while its receipt is not through),
 	// delivered once, none unknown.
 	providerLookup = "lookup"
+	// providerTwilio: the stub's Twilio facade (never idempotent; a paged
+	// list of each number's messages for lookups; status callbacks signed
+	// with X-Twilio-Signature), the senders' Twilio adapter looking up
+	// (SMS_PROVIDER=twilio, SMS_API_LOOKUP=true) and the receiver verifying
+	// the callbacks (TWILIO_AUTH_TOKEN). The rows go to a pool of numbers
+	// (numberPool) so that each number's list spans pages. Every fault
+	// kind is drawn, pg_failover included, and the verdict is
+	// providerLookup's.
+	providerTwilio = "twilio"
 )
+
+// twilioFrom is the senders' TWILIO_FROM with -provider twilio.
+const twilioFrom = "+15559990000"
+
+// rowsPerNumber is how many rows at most go to one number with -provider
+// twilio: 2.5 pages of the list a lookup reads (100 messages a page), a
+// quarter of the adapter's cap (10 pages), whatever -rows is.
+const rowsPerNumber = 250
+
+// numberPool is how many numbers the rows of a -provider twilio soak go
+// to, row i to number i mod the pool: a multiple of ten, so that a tenth
+// end in undeliveredSuffix, and as few as leave at most rowsPerNumber rows
+// to one (20 numbers of 250 rows at -rows 5000, 400 at 100,000).
+func numberPool(rows int) int {
+	per10 := 10 * rowsPerNumber
+	return 10 * ((rows + per10 - 1) / per10)
+}
 
 // receiptSecret signs the stub's receipts for the receiver (-provider
 // lookup).
@@ -127,7 +175,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Int(&c.seed, "seed", "SOAK_SEED", 0, 0, math.MaxInt, "seed of the fault schedule; 0 picks one (printed at start)")
 	s.String(&c.binDir, "bin", "SOAK_BIN", "bin/crash", "directory holding the relay, sender and smsstub binaries, built with -tags "+crashpoint.Tag)
 	s.String(&c.databaseURL, "database-url", "SOAK_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sendonce_soak?sslmode=disable",
-		"Postgres database for the soak: DROPPED and recreated at start (its name must contain \"soak\")")
+		"Postgres database for the soak: DROPPED and recreated at start (its name must contain \"soak\"); with a primary and a standby of the soak's own (-provider lookup or twilio, -drill pg-failover) only its name is used")
 	s.URL(&c.databaseURL, "database-url", "postgres", "postgresql")
 	s.Duration(&c.faultInterval, "fault-interval", "SOAK_FAULT_INTERVAL", 3*time.Second, 30*time.Millisecond, time.Hour,
 		"longest pause between two faults; each pause is drawn from [interval/3, interval]")
@@ -140,9 +188,10 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.holdOnFailure, "hold-on-failure", "SOAK_HOLD_ON_FAILURE", false,
 		"on a duplicate or a loss, keep NATS, the stub and the processes running (print how to reach them) until SIGINT or -hold-max")
 	s.Duration(&c.holdMax, "hold-max", "SOAK_HOLD_MAX", time.Hour, time.Second, 24*time.Hour, "longest hold with -hold-on-failure")
-	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent, providerLookup},
+	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent, providerLookup, providerTwilio},
 		"idempotent: the stub honours keys, every fault kind; non-idempotent: the stub ignores keys, only faults that cannot make an outcome unknown, and any unknown row fails the soak; "+
-			"lookup: the stub ignores keys and sends signed receipts to a receiver, the senders look up (SMS_API_LOOKUP=true), every fault kind, and each row must end as the stub decided, delivered once, none unknown")
+			"lookup: the stub ignores keys and sends signed receipts to a receiver, the senders look up (SMS_API_LOOKUP=true), every fault kind and Postgres failovers (a primary and a standby of the soak's own), and each row must end as the stub decided, delivered once, none unknown; "+
+			"twilio: as lookup, at the stub's Twilio facade through the senders' Twilio adapter, with the rows sent to a pool of numbers (ten per 2,500 rows) whose lists of messages span pages")
 	s.Bool(&c.cluster, "cluster", "SOAK_CLUSTER", false,
 		"run NATS as a 3-node JetStream cluster of nats-server processes (NATS_REPLICAS=3, sync_interval always), with leader kills, node restarts and a node's store loss among the faults")
 	s.String(&c.natsServer, "nats-server", "SOAK_NATS_SERVER", "", "nats-server binary for -cluster (default: nats-server in -bin, else beside the soak binary, where make build puts it)")
@@ -150,7 +199,7 @@ func bind(s *envflag.Set, c *config) {
 		"none, or instead of random faults one scripted failure with the binaries' default settings, timed: store-loss (NATS killed, its store deleted, restarted empty) or pg-failover (the Postgres primary crashes and a streaming standby is promoted)")
 	s.Float(&c.drillAt, "drill-at", "SOAK_DRILL_AT", 0.4, 0.05, 0.95, "the drill's failure comes when this share of the rows is committed")
 	s.Bool(&c.drillShort, "drill-short", "SOAK_DRILL_SHORT", false, "run the drill with the soak's short timings (provider timeout 1s, lease 3s, reconciler grace 40s) instead of the defaults: its outcome, not its recovery time, is what counts (the short drill of make test)")
-	s.String(&c.pgBin, "pg-bin", "SOAK_PG_BIN", "", "PostgreSQL server binaries for -drill pg-failover (default: the newest /usr/lib/postgresql/*/bin)")
+	s.String(&c.pgBin, "pg-bin", "SOAK_PG_BIN", "", "PostgreSQL server binaries for the primary and standby of -drill pg-failover and of -provider lookup and twilio (default: the newest /usr/lib/postgresql/*/bin)")
 	s.Check(func() error {
 		u, err := url.Parse(c.databaseURL)
 		if err != nil {

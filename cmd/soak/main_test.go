@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/natscluster"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
@@ -50,6 +52,44 @@ func TestParseConfig(t *testing.T) {
 	}
 	if c, err = parseConfig([]string{"-drill", "pg-failover", "-provider", "lookup"}, getenv, io.Discard); err != nil || c.provider != providerLookup {
 		t.Fatalf("-drill pg-failover -provider lookup: %+v, %v", c, err)
+	}
+	if c, err = parseConfig([]string{"-provider", "twilio"}, getenv, io.Discard); err != nil || c.provider != providerTwilio {
+		t.Fatalf("-provider twilio: %+v, %v", c, err)
+	}
+}
+
+// At Twilio the rows go to a pool of numbers: each number's list spans
+// pages, never more than the adapter reads, and a tenth of the numbers
+// end in 7 (undelivered).
+func TestNumberPool(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ rows, numbers int }{
+		{1, 10}, {1500, 10}, {2500, 10}, {2501, 20}, {5000, 20}, {100_000, 400}, {maxRows, 4000},
+	} {
+		if got := numberPool(tt.rows); got != tt.numbers {
+			t.Errorf("numberPool(%d) = %d, want %d", tt.rows, got, tt.numbers)
+		}
+		l := &loader{numbers: numberPool(tt.rows)}
+		per, sevens := map[string]int{}, 0
+		for i := range tt.rows {
+			n := l.phone(i)
+			if per[n]++; per[n] == 1 && strings.HasSuffix(n, undeliveredSuffix) {
+				sevens++
+			}
+		}
+		most := 0
+		for _, n := range per {
+			most = max(most, n)
+		}
+		if most > rowsPerNumber || most > 100*provider.DefaultTwilioLookupPages {
+			t.Errorf("%d rows: %d to one number", tt.rows, most)
+		}
+		if len(per) == tt.numbers && sevens*10 != len(per) {
+			t.Errorf("%d rows: %d of %d numbers end in %s", tt.rows, sevens, len(per), undeliveredSuffix)
+		}
+	}
+	if got := (&loader{}).phone(4321); got != phone(4321) {
+		t.Errorf("without a pool, row 4321 goes to %s", got)
 	}
 }
 
@@ -156,6 +196,15 @@ func TestClassifyAtALookupProvider(t *testing.T) {
 	if !r.failed() {
 		t.Fatal("bad rows do not fail the soak")
 	}
+	// A receipt an old primary took with it: counted, not failed; one
+	// the promoted primary should hold fails as before.
+	acked := smsstub.Delivery{Deliveries: 1, ProviderID: "msg_7", Fate: "delivered", ReceiptAcked: true}
+	bad := len(r.bad())
+	r.classify(uuid.New(), dbRow{status: "sent", ref: "msg_7", maxAttempts: 8}, true, acked, true, providerLookup, false, true)
+	if len(r.bad()) != bad || r.receiptWithPrimary != 1 {
+		t.Fatalf("a receipt lost with an old primary: %d bad rows (was %d), %d counted", len(r.bad()), bad, r.receiptWithPrimary)
+	}
+	r.sent--
 	if r.delivered != 4 || r.undel != 1 || r.sent != 2 || r.unkn != 1 || len(r.dups) != 1 || len(r.wrongFate) != 1 || len(r.receiptLost) != 1 {
 		t.Fatalf("counts %+v", r)
 	}
@@ -185,8 +234,33 @@ func TestKindsForANonIdempotentProvider(t *testing.T) {
 	if len(kindsFor(providerIdempotent)) != len(faultKinds) {
 		t.Error("the idempotent soak does not draw every kind")
 	}
-	if len(kindsFor(providerLookup)) != len(faultKinds) {
-		t.Error("the soak with lookups does not draw every kind")
+	if got := kindsFor(providerLookup); len(got) != len(faultKinds)+1 || !slices.Contains(got, "pg_failover") {
+		t.Errorf("the soak with lookups draws %v, not every kind and pg_failover", got)
+	}
+	if !slices.Equal(kindsFor(providerTwilio), kindsFor(providerLookup)) {
+		t.Error("the soak at Twilio does not draw what the soak with lookups draws")
+	}
+	if slices.Contains(kindsFor(providerIdempotent), "pg_failover") {
+		t.Error("the idempotent soak, on the shared server, draws pg_failover")
+	}
+}
+
+// The composed faults come early in the first deck, so that a short run
+// meets them.
+func TestBringForward(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100 {
+		deck := append([]string{}, kindsFor(providerLookup)...)
+		rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		bringForward(deck, earlyKinds, rng)
+		if i := slices.Index(deck, "pg_failover"); i < 0 || i >= len(deck)/3 {
+			t.Fatalf("pg_failover at %d of %v", i, deck)
+		}
+		sorted := slices.Sorted(slices.Values(deck))
+		if !slices.Equal(sorted, slices.Sorted(slices.Values(kindsFor(providerLookup)))) {
+			t.Fatalf("the deck lost or doubled a kind: %v", deck)
+		}
 	}
 }
 

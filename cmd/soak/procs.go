@@ -128,17 +128,25 @@ type stubProc struct {
 // startStub starts the smsstub binary on a free port and reads its URL from
 // the line it prints once listening. At a provider without idempotency it
 // ignores keys; with lookups it also sends signed receipts, some twice and
-// some followed by an older one, 0.2 to 1.2 s after acceptance.
-func startStub(ctx context.Context, binDir, logDir, apiKey, provider string) (*stubProc, error) {
+// some followed by an older one, 0.2 to 1.2 s after acceptance (at Twilio,
+// after the message left the queue, 2 s after it was taken: a lookup
+// after the settle time finds it queued, without date_sent, at the end of
+// the number's list). With twilioSID it serves the Twilio facade for that
+// account, apiKey its auth token.
+func startStub(ctx context.Context, binDir, logDir, apiKey, provider, twilioSID string) (*stubProc, error) {
 	args := []string{"-addr", "127.0.0.1:0"}
 	env := []string{"SMS_API_KEY=" + apiKey}
 	if provider != providerIdempotent {
 		args = append(args, "-ignore-keys")
 	}
-	if provider == providerLookup {
+	if provider == providerLookup || provider == providerTwilio {
 		args = append(args, "-undelivered-suffixes", undeliveredSuffix, "-receipt-delay", "200ms", "-receipt-jitter", "1s",
 			"-receipt-duplicate-rate", "0.05", "-receipt-reorder-rate", "0.05")
 		env = append(env, "SMS_WEBHOOK_SECRET="+receiptSecret)
+	}
+	if twilioSID != "" {
+		args = append(args, "-twilio-account-sid", twilioSID, "-twilio-queue-for", "2s")
+		env = append(env, "TWILIO_AUTH_TOKEN="+apiKey)
 	}
 	p, err := proc.Start(proc.Spec{Name: "smsstub", Path: filepath.Join(binDir, "smsstub"), Args: args,
 		Env: env, LogFile: filepath.Join(logDir, "smsstub.log"), Group: true})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/natscluster"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/testport"
 )
@@ -39,16 +40,18 @@ type soak struct {
 
 	logDir     string
 	directURL  string // the database, reached directly (set-up, writers, checks)
-	proxiedURL string // the database through dbProxy (relays, senders)
+	proxiedURL string // the database through dbProxies (relays, senders, receiver)
 	pool       *pgxpool.Pool
 	broker     *broker              // the single server (no -cluster)
 	cluster    *natscluster.Cluster // -cluster
-	pg         *pgPair              // -drill pg-failover
+	pg         *pgPair              // a primary and a standby: -drill pg-failover, and the pg_failover fault
+	pgLost     *pgLosses            // what failovers lost with the old primaries (with pg)
 	drill      *drill               // the drill, once it ran
-	dbProxy    *tcpProxy
+	dbProxies  []*tcpProxy          // in front of Postgres: one, or one per server of pg
 	apiProxy   *tcpProxy
 	stub       *stubProc
-	apiKey     string
+	apiKey     string // the stub's API key, or its Twilio auth token
+	twilioSID  string // -provider twilio: the stub's account
 	relays     []*slot
 	senders    []*slot
 	receivers  []*slot // -provider lookup: the receiver of the stub's receipts
@@ -96,8 +99,18 @@ func (s *soak) slots() []*slot {
 }
 
 // lookups reports whether the soak plays a provider without idempotency
-// that the senders look up and that sends receipts (-provider lookup).
-func (s *soak) lookups() bool { return s.cfg.provider == providerLookup }
+// that the senders look up and that sends receipts (-provider lookup or
+// twilio).
+func (s *soak) lookups() bool {
+	return s.cfg.provider == providerLookup || s.cfg.provider == providerTwilio
+}
+
+// runsPGPair reports whether Postgres runs as a primary and a streaming
+// standby of the soak's own: for the failover drill, and for the
+// pg_failover fault of the soaks with lookups.
+func (s *soak) runsPGPair() bool {
+	return s.cfg.drill == "pg-failover" || s.cfg.drill == "" && s.lookups()
+}
 
 // run sets everything up, runs the load and the faults, waits for the rows
 // to finish and checks them. failed reports a duplicate or a loss; err a
@@ -123,7 +136,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	}
 
 	s.directURL = s.cfg.databaseURL
-	if s.cfg.drill == "pg-failover" {
+	if s.runsPGPair() {
 		if err := s.startPGPair(ctx); err != nil {
 			return false, err
 		}
@@ -146,25 +159,29 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	if s.cfg.drill != "" {
 		s.faults.kinds = []string{strings.ReplaceAll(s.cfg.drill, "-", "_")}
 	}
-	pgDesc := "postgres via the pair's multi-host DSN"
+	pgDesc := "postgres: the pair's multi-host DSN over its proxies"
 	if s.pg == nil {
 		pgAddr, err := hostPort(s.directURL, "5432")
 		if err != nil {
 			return false, err
 		}
-		if s.dbProxy, err = newTCPProxy("postgres", pgAddr); err != nil {
+		proxy, err := newTCPProxy("postgres", pgAddr)
+		if err != nil {
 			return false, err
 		}
+		s.dbProxies = []*tcpProxy{proxy}
 		u, _ := url.Parse(s.directURL)
-		u.Host = s.dbProxy.addr()
+		u.Host = proxy.addr()
 		s.proxiedURL = u.String()
-		pgDesc = fmt.Sprintf("postgres %s via proxy %s", pgAddr, s.dbProxy.addr())
-	} else {
-		s.proxiedURL = s.directURL
+		pgDesc = fmt.Sprintf("postgres %s via proxy %s", pgAddr, proxy.addr())
 	}
 
+	// One secret a run: the stub's API key, or its Twilio auth token.
 	s.apiKey = "soak-" + uuid.NewString()
-	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey, s.cfg.provider); err != nil {
+	if s.cfg.provider == providerTwilio {
+		s.twilioSID = "AC" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	}
+	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey, s.cfg.provider, s.twilioSID); err != nil {
 		return false, err
 	}
 	stubAddr, err := hostPort(s.stub.url, "80")
@@ -181,16 +198,21 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		"LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0", "SHUTDOWN_TIMEOUT=10s",
 	}
 	relayEnv := append(common[:len(common):len(common)], "RECONCILE_INTERVAL=2s", "RECONCILE_GRACE=40s")
-	senderEnv := append(common[:len(common):len(common)],
-		"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey,
+	providerEnv := append(common[:len(common):len(common)], "SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true")
+	if s.cfg.provider == providerTwilio {
+		providerEnv = append(providerEnv, "SMS_PROVIDER=twilio", "TWILIO_ACCOUNT_SID="+s.twilioSID,
+			"TWILIO_AUTH_TOKEN="+s.apiKey, "TWILIO_FROM="+twilioFrom)
+	} else {
+		providerEnv = append(providerEnv, "SMS_API_KEY="+s.apiKey)
+	}
+	senderEnv := append(providerEnv[:len(providerEnv):len(providerEnv)],
 		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32",
 		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", s.cfg.provider == providerIdempotent))
 	if s.cfg.drill != "" && !s.cfg.drillShort {
 		// A drill times the recovery a deployment that changed nothing
 		// would see: every timing setting at its default.
 		relayEnv = common
-		senderEnv = append(common[:len(common):len(common)],
-			"SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+s.apiKey)
+		senderEnv = providerEnv
 	}
 	if s.lookups() {
 		// The receiver on a port fixed for the run, so that a restarted
@@ -200,16 +222,27 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 			return false, err
 		}
 		receiverURL := fmt.Sprintf("http://127.0.0.1:%d", port)
-		s.receivers = append(s.receivers, s.newSlot("receiver-1", "receiver", []string{
+		receiverEnv := []string{
 			"DATABASE_URL=" + s.proxiedURL, "LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0", "SHUTDOWN_TIMEOUT=10s",
-			fmt.Sprintf("RECEIPTS_ADDR=127.0.0.1:%d", port), "SMS_WEBHOOK_SECRET=" + receiptSecret,
-		}))
+			fmt.Sprintf("RECEIPTS_ADDR=127.0.0.1:%d", port),
+		}
+		if s.cfg.provider == providerTwilio {
+			// Twilio signs the URL it calls: the receiver must know it.
+			receiverEnv = append(receiverEnv, "TWILIO_AUTH_TOKEN="+s.apiKey, "RECEIPTS_PUBLIC_URL="+receiverURL)
+		} else {
+			receiverEnv = append(receiverEnv, "SMS_WEBHOOK_SECRET="+receiptSecret)
+		}
+		s.receivers = append(s.receivers, s.newSlot("receiver-1", "receiver", receiverEnv))
 		senderEnv = append(senderEnv, "SMS_API_IDEMPOTENT=false", "SMS_API_LOOKUP=true", "RECEIPTS_PUBLIC_URL="+receiverURL)
 		if s.cfg.drill == "" || s.cfg.drillShort {
 			// The stub shows an accepted message to a lookup at once.
 			senderEnv = append(senderEnv, "SMS_API_LOOKUP_SETTLE=1s")
 		}
 		s.logf("receiver %s; senders look up an unanswered attempt; the stub sends receipts (numbers ending %s undelivered)", receiverURL, undeliveredSuffix)
+		if s.cfg.provider == providerTwilio {
+			s.logf("twilio: the rows go to %d numbers, at most %d to one (%d pages of 100 in a lookup; the adapter reads up to %d)",
+				numberPool(s.cfg.rows), rowsPerNumber, (rowsPerNumber+99)/100, provider.DefaultTwilioLookupPages)
+		}
 	}
 	for i := range 2 {
 		s.relays = append(s.relays, s.newSlot(fmt.Sprintf("relay-%d", i+1), "relay", relayEnv))
@@ -243,6 +276,9 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 
 	// The load and, alongside it, the faults.
 	s.load = newLoader(s.pool, s.cfg.rows, s.cfg.writers, s.cfg.loadDuration, s.logf)
+	if s.cfg.provider == providerTwilio {
+		s.load.numbers = numberPool(s.cfg.rows)
+	}
 	loadErr := make(chan error, 1)
 	go func() { loadErr <- s.load.run(ctx) }()
 	faultsDone := make(chan struct{})
@@ -289,6 +325,9 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		return false, err
 	}
 	fmt.Fprintln(s.stdout, res.line(time.Since(s.start)))
+	if res.failovers != "" {
+		fmt.Fprintln(s.stdout, res.failovers)
+	}
 	if s.drill != nil {
 		fmt.Fprintln(s.stdout, s.drill.line())
 	}
@@ -307,7 +346,7 @@ func (s *soak) restore(ctx context.Context) error {
 	if _, err := smsstub.PostFaults(rctx, s.stub.url, smsstub.Faults{}); err != nil {
 		errs = append(errs, err)
 	}
-	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
+	for _, p := range append([]*tcpProxy{s.apiProxy}, s.dbProxies...) {
 		if p == nil {
 			continue
 		}
@@ -375,12 +414,14 @@ func (s *soak) cleanup(failed bool) {
 	}
 	s.stopNATS()
 	if s.pg != nil {
-		s.pg.stop(failed || s.cfg.keepLogs, s.logf)
-	}
-	for _, p := range []*tcpProxy{s.apiProxy, s.dbProxy} {
-		if p != nil {
+		s.pg.stop(failed || s.cfg.keepLogs, s.logf) // its proxies too
+	} else {
+		for _, p := range s.dbProxies {
 			p.close()
 		}
+	}
+	if s.apiProxy != nil {
+		s.apiProxy.close()
 	}
 	if s.pool != nil {
 		s.pool.Close()

@@ -3,12 +3,14 @@ package smsstub
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -390,5 +392,42 @@ func TestTwilioCallbacksReachTheReceiver(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkTwilioList is one page of one number's messages, the request a
+// lookup repeats, in an account that took n messages to 20 numbers (the
+// soak's -provider twilio at 5,000 rows, and at its default 100,000 with
+// as many per number).
+func BenchmarkTwilioList(b *testing.B) {
+	for _, n := range []int{5_000, 100_000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			s, err := New(Config{IgnoreKeys: true, Twilio: Twilio{AccountSID: testAccount, AuthToken: testToken}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			numbers := n / 250
+			now := time.Now()
+			s.mu.Lock()
+			for i := range n {
+				msg := messageRequest{To: fmt.Sprintf("+1555%07d", i%numbers), From: testFrom, Body: fmt.Sprintf("message %d", i)}
+				m := s.newMessage(shapeTwilio, shapeTwilio.newID(), msg, now.Add(time.Duration(i-n)*time.Millisecond))
+				m.fate, m.fateAt = "delivered", m.sentAt
+				s.twilioMsgs = append(s.twilioMsgs, m)
+			}
+			s.mu.Unlock()
+			q := url.Values{"To": {fmt.Sprintf("+1555%07d", 7)}, "From": {testFrom}, "PageSize": {"100"}}
+			req := httptest.NewRequest(http.MethodGet, listPath+"?"+q.Encode(), nil)
+			req.SetBasicAuth(testAccount, testToken)
+			h := s.Handler()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				if w.Code != http.StatusOK {
+					b.Fatalf("list: %d %s", w.Code, w.Body)
+				}
+			}
+		})
 	}
 }
