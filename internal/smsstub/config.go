@@ -162,6 +162,11 @@ type Faults struct {
 	// LookupFailRate is the probability that a lookup (GET /v1/messages, or
 	// the Twilio facade's list) fails with 500. Default 0.
 	LookupFailRate float64
+	// ReceiptLossRate is the probability that a message accepted with a
+	// callback never gets its receipts: its fate is decided, and lookups
+	// show it, but no receipt is sent, as when a provider's callbacks are
+	// lost. Default 0.
+	ReceiptLossRate float64
 }
 
 // normalized returns f with defaults applied, or an error naming the first
@@ -176,6 +181,7 @@ func (f Faults) normalized() (Faults, error) {
 		{"WithholdRate", f.WithholdRate},
 		{"DropRate", f.DropRate},
 		{"LookupFailRate", f.LookupFailRate},
+		{"ReceiptLossRate", f.ReceiptLossRate},
 	} {
 		// Written as a negated range check so that NaN is rejected too.
 		if !(r.v >= 0 && r.v <= 1) {
@@ -237,6 +243,7 @@ type faultsJSON struct {
 	WithholdMode  string       `json:"withhold_mode"`
 	DropRate      float64      `json:"drop_rate"`
 	LookupFail    float64      `json:"lookup_fail_rate"`
+	ReceiptLoss   float64      `json:"receipt_loss_rate"`
 }
 
 // MarshalJSON encodes f with snake_case names and duration strings.
@@ -255,6 +262,7 @@ func (f Faults) MarshalJSON() ([]byte, error) {
 		WithholdMode:  f.WithholdMode,
 		DropRate:      f.DropRate,
 		LookupFail:    f.LookupFailRate,
+		ReceiptLoss:   f.ReceiptLossRate,
 	})
 }
 
@@ -268,19 +276,20 @@ func (f *Faults) UnmarshalJSON(data []byte) error {
 		return fmt.Errorf("decode faults: %w", err)
 	}
 	*f = Faults{
-		FailRate:       w.FailRate,
-		FailStatus:     w.FailStatus,
-		FailCode:       w.FailCode,
-		RateLimitRate:  w.RateLimitRate,
-		RetryAfter:     time.Duration(w.RetryAfter),
-		RateLimit:      w.RateLimit,
-		RateBurst:      w.RateBurst,
-		Latency:        time.Duration(w.Latency),
-		LatencyJitter:  time.Duration(w.LatencyJitter),
-		WithholdRate:   w.WithholdRate,
-		WithholdMode:   w.WithholdMode,
-		DropRate:       w.DropRate,
-		LookupFailRate: w.LookupFail,
+		FailRate:        w.FailRate,
+		FailStatus:      w.FailStatus,
+		FailCode:        w.FailCode,
+		RateLimitRate:   w.RateLimitRate,
+		RetryAfter:      time.Duration(w.RetryAfter),
+		RateLimit:       w.RateLimit,
+		RateBurst:       w.RateBurst,
+		Latency:         time.Duration(w.Latency),
+		LatencyJitter:   time.Duration(w.LatencyJitter),
+		WithholdRate:    w.WithholdRate,
+		WithholdMode:    w.WithholdMode,
+		DropRate:        w.DropRate,
+		LookupFailRate:  w.LookupFail,
+		ReceiptLossRate: w.ReceiptLoss,
 	}
 	return nil
 }

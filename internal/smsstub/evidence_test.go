@@ -151,6 +151,29 @@ func TestReceiptGivenUp(t *testing.T) {
 	}
 }
 
+// A receipt lost (ReceiptLossRate): the message's fate is decided and a
+// lookup shows it, but no receipt is ever sent; counted.
+func TestReceiptLost(t *testing.T) {
+	t.Parallel()
+	k := newSink(t)
+	s := newStub(t, Config{IgnoreKeys: true, Faults: Faults{ReceiptLossRate: 1},
+		Receipts: Receipts{Secret: testSecret, Delay: time.Millisecond}})
+	body := `{"to":"+15550000001","body":"hi","reference":"ref-l","callback_url":"` + k.url + `/v1/receipts/generic"}`
+	if r, err := post(context.Background(), s.client, s.url, "ref-l", body); err != nil || r.status != 201 {
+		t.Fatalf("post: %v %v", r.status, err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "the fate decided", func() bool {
+		_, got := lookup(t, s, "ref-l")
+		return len(got.Messages) == 1 && got.Messages[0].Status == "delivered"
+	})
+	if st := s.Stats(); st.ReceiptsLost != 1 || st.ReceiptsSent != 0 || len(k.got()) != 0 {
+		t.Fatalf("stats %+v, receipts %v; want the receipt lost, none sent", st, k.got())
+	}
+	if d := s.Deliveries()["ref-l"]; d.Fate != "delivered" || d.ReceiptAcked {
+		t.Fatalf("ref-l: %+v", d)
+	}
+}
+
 // Faults of the evidence: a lookup that fails, a request lost before it is
 // taken (nothing delivered, nothing to look up).
 func TestLookupFailureAndDrop(t *testing.T) {

@@ -109,6 +109,9 @@ type Stats struct {
 	// that were not.
 	ReceiptsSent    int64 `json:"receipts_sent"`
 	ReceiptFailures int64 `json:"receipt_failures"`
+	// ReceiptsLost counts messages whose receipts were never sent
+	// (Faults.ReceiptLossRate).
+	ReceiptsLost int64 `json:"receipts_lost"`
 	// ReceiptsGivenUp counts messages whose fate no receipt got answered
 	// 2xx for, after every try.
 	ReceiptsGivenUp int64 `json:"receipts_given_up"`
@@ -544,6 +547,7 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 	withhold := !limited && !failed && !dropped && f.WithholdRate > 0 && s.rng.Float64() < f.WithholdRate
 	duplicate := s.receipts.DuplicateRate > 0 && s.rng.Float64() < s.receipts.DuplicateRate
 	reorder := s.receipts.ReorderRate > 0 && s.rng.Float64() < s.receipts.ReorderRate
+	receiptLost := f.ReceiptLossRate > 0 && s.rng.Float64() < f.ReceiptLossRate
 	s.mu.Unlock()
 
 	if delay > 0 {
@@ -608,8 +612,12 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 		rec.Fate, rec.ReceiptAcked = "", false
 		if s.sendsReceipts(sh) && validCallback(msg.CallbackURL) && !s.closed {
 			m.rec, rec.Fate = rec, m.fate
-			s.receiptsWG.Add(1)
-			go s.sendReceipts(m, msg.CallbackURL, duplicate, reorder)
+			if receiptLost {
+				s.stats.ReceiptsLost++
+			} else {
+				s.receiptsWG.Add(1)
+				go s.sendReceipts(m, msg.CallbackURL, duplicate, reorder)
+			}
 		}
 		if e != nil && s.entries[key] == e {
 			e.stored = true

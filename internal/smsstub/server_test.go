@@ -680,7 +680,7 @@ func TestAdminEndpoints(t *testing.T) {
 	if err := json.Unmarshal([]byte(getRaw(t, s.url+"/admin/stats")), &statFields); err != nil {
 		t.Fatal(err)
 	}
-	if got := keysOf(statFields); got != "conflicts,deliveries,dropped,failures,keys,lookup_failures,lookups,mismatches,over_limit,rate_limited,receipt_failures,receipts_given_up,receipts_sent,replays,requests,withheld" {
+	if got := keysOf(statFields); got != "conflicts,deliveries,dropped,failures,keys,lookup_failures,lookups,mismatches,over_limit,rate_limited,receipt_failures,receipts_given_up,receipts_lost,receipts_sent,replays,requests,withheld" {
 		t.Errorf("stats fields %s", got)
 	}
 
@@ -831,7 +831,7 @@ func TestFaultsJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `{"fail_rate":0.25,"fail_status":502,"fail_code":30008,"rate_limit_rate":0.5,"retry_after":"2s","rate_limit":200,"rate_burst":20,"latency":"20ms","latency_jitter":"5ms","withhold_rate":0.1,"withhold_mode":"close","drop_rate":0,"lookup_fail_rate":0}`
+	const want = `{"fail_rate":0.25,"fail_status":502,"fail_code":30008,"rate_limit_rate":0.5,"retry_after":"2s","rate_limit":200,"rate_burst":20,"latency":"20ms","latency_jitter":"5ms","withhold_rate":0.1,"withhold_mode":"close","drop_rate":0,"lookup_fail_rate":0,"receipt_loss_rate":0}`
 	if string(b) != want {
 		t.Errorf("marshal:\n got %s\nwant %s", b, want)
 	}
