@@ -69,14 +69,14 @@ func (c *Client) CanLookup() bool { return c.lookup != nil }
 func (c *Client) LookupByContent() bool { return c.byContent }
 
 // Lookup asks the provider which messages it has for q. It never panics on
-// a provider's answer.
+// a provider's answer. Each request of it (a page of a list) is bounded by
+// the client's timeout; the whole by ctx (the sender's claim lease), and by
+// the pages a lookup may read.
 func (c *Client) Lookup(ctx context.Context, q LookupQuery) LookupResult {
 	start := time.Now()
 	if c.lookup == nil {
 		return LookupResult{Err: errors.New("lookup not enabled"), Latency: time.Since(start)}
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
 	found, err := c.lookup(ctx, q)
 	return LookupResult{Found: found, Err: err, Latency: time.Since(start)}
 }
@@ -84,6 +84,8 @@ func (c *Client) Lookup(ctx context.Context, q LookupQuery) LookupResult {
 // getJSON GETs u with the client's credentials and decodes a 200 answer of
 // at most limit bytes into v.
 func (c *Client) getJSON(ctx context.Context, u string, limit int, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return errors.New("build lookup request")

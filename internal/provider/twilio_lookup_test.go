@@ -149,6 +149,44 @@ func TestTwilioLookupBeyondThePageCapFails(t *testing.T) {
 	}
 }
 
+// Each page of a lookup has the client's timeout, not the lookup as a
+// whole: a list of several slow pages is read whole; the caller's context
+// (the sender's claim lease) bounds the lookup.
+func TestTwilioLookupTimeoutIsPerPage(t *testing.T) {
+	t.Parallel()
+	s, err := smsstub.New(smsstub.Config{IgnoreKeys: true, Twilio: smsstub.Twilio{AccountSID: stubAccount, AuthToken: stubToken, QueueFor: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	// Every page of the list takes 400ms.
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			time.Sleep(400 * time.Millisecond)
+		}
+		s.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	c := twilioClient(t, ts.URL, func(cfg *provider.TwilioConfig) { cfg.LookupPageSize = 5 })
+	since := time.Now().Add(-time.Second)
+	ours := sendAll(t, c, testMsg.Body)[0]
+	var others []string
+	for i := range 14 {
+		others = append(others, fmt.Sprintf("Another text %d", i))
+	}
+	sendAll(t, c, others...)
+	slow := twilioClient(t, ts.URL, func(cfg *provider.TwilioConfig) { cfg.LookupPageSize, cfg.Timeout = 5, time.Second })
+	q := provider.LookupQuery{To: testMsg.To, Body: testMsg.Body, Since: since}
+	if res := slow.Lookup(context.Background(), q); res.Err != nil || len(res.Found) != 1 || res.Found[0].Ref != ours {
+		t.Fatalf("3 pages of 400ms each with a 1s timeout: %+v, want ours found", res)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	if res := slow.Lookup(ctx, q); res.Err == nil {
+		t.Fatalf("a lookup past its caller's deadline: %+v, want an error", res)
+	}
+}
+
 // Through a messaging service Twilio picks the From from the service's
 // pool: a lookup filtering on TWILIO_FROM saw none of the messages.
 func TestTwilioLookupThroughAMessagingService(t *testing.T) {
