@@ -38,18 +38,17 @@ var lookupFaultKinds = []string{
 	// primary killed 2s later, the standby promoted, and a new standby
 	// made from it (pgFailover).
 	"pg_failover",
-	// "receipts_lost" goes here once the overdue-receipt sweep lands:
-	// receipts the receiver acknowledged and then lost, which only the
-	// sweep (asking the provider about rows sent long ago) can settle.
-	// Its case goes in inject; and the check (classify) then fails a row
-	// left sent with its receipt lost, here or with an old primary (now
-	// counted as receiptWithPrimary), once the sweep had time to ask.
+	// The provider takes messages and never sends their receipts (half of
+	// them, for a few seconds): only the senders' overdue-receipt sweep,
+	// asking the provider about rows sent a minute ago, settles them, as
+	// it settles the receipts an old primary took with it.
+	"receipts_lost",
 }
 
 // earlyKinds come in the first third of the first deck: a short run (the
 // 5,000 rows of CI) sees fewer faults than a deck holds, and these are the
 // composed faults it is run for.
-var earlyKinds = []string{"pg_failover"}
+var earlyKinds = []string{"pg_failover", "receipts_lost"}
 
 // kindsFor returns the fault kinds drawn for a provider mode. At a provider
 // without idempotency and without lookups, a sender killed mid-call, a lost
@@ -241,6 +240,8 @@ func (s *soak) inject(ctx context.Context, kind string) (string, bool, error) {
 		return s.dbOutage(ctx)
 	case "pg_failover":
 		return s.pgFailover(ctx)
+	case "receipts_lost":
+		return s.stubFault(ctx, smsstub.Faults{ReceiptLossRate: 0.5}, "receipt_loss_rate 0.5")
 	}
 	return "", false, fmt.Errorf("unknown fault kind %q", kind)
 }

@@ -150,7 +150,7 @@ func TestClassifyAtALookupProvider(t *testing.T) {
 	lookup := func(status string, d smsstub.Delivery, ok bool) badRow {
 		t.Helper()
 		id := uuid.New()
-		r.classify(id, dbRow{status: status, ref: d.ProviderID, maxAttempts: 8}, ok, d, true, providerLookup, false, false)
+		r.classify(id, dbRow{status: status, ref: d.ProviderID, maxAttempts: 8}, ok, d, true, providerLookup, false, false, false)
 		var out badRow
 		for _, b := range r.bad() {
 			if b.id == id {
@@ -200,11 +200,27 @@ func TestClassifyAtALookupProvider(t *testing.T) {
 	// the promoted primary should hold fails as before.
 	acked := smsstub.Delivery{Deliveries: 1, ProviderID: "msg_7", Fate: "delivered", ReceiptAcked: true}
 	bad := len(r.bad())
-	r.classify(uuid.New(), dbRow{status: "sent", ref: "msg_7", maxAttempts: 8}, true, acked, true, providerLookup, false, true)
+	r.classify(uuid.New(), dbRow{status: "sent", ref: "msg_7", maxAttempts: 8}, true, acked, true, providerLookup, false, true, false)
 	if len(r.bad()) != bad || r.receiptWithPrimary != 1 {
 		t.Fatalf("a receipt lost with an old primary: %d bad rows (was %d), %d counted", len(r.bad()), bad, r.receiptWithPrimary)
 	}
 	r.sent--
+	// Where the senders sweep overdue receipts, a row left sent whose fate
+	// the provider decided fails, whatever became of its receipt; at
+	// Twilio only one whose message id is known (the sweep matches by it).
+	for _, tc := range []struct {
+		provider, ref string
+		fails         bool
+	}{{providerLookup, "msg_8", true}, {providerTwilio, "SM8", true}, {providerTwilio, "", false}} {
+		bad := len(r.bad())
+		r.classify(uuid.New(), dbRow{status: "sent", ref: tc.ref, maxAttempts: 8}, true,
+			smsstub.Delivery{Deliveries: 1, ProviderID: tc.ref, Fate: "delivered"}, true, tc.provider, false, true, true)
+		r.sent--
+		if got := len(r.bad()) > bad; got != tc.fails {
+			t.Errorf("%s, ref %q: a sent row with its fate decided fails %v, want %v", tc.provider, tc.ref, got, tc.fails)
+		}
+	}
+	r.receiptLost = r.receiptLost[:1]
 	if r.delivered != 4 || r.undel != 1 || r.sent != 2 || r.unkn != 1 || len(r.dups) != 1 || len(r.wrongFate) != 1 || len(r.receiptLost) != 1 {
 		t.Fatalf("counts %+v", r)
 	}
@@ -234,8 +250,8 @@ func TestKindsForANonIdempotentProvider(t *testing.T) {
 	if len(kindsFor(providerIdempotent)) != len(faultKinds) {
 		t.Error("the idempotent soak does not draw every kind")
 	}
-	if got := kindsFor(providerLookup); len(got) != len(faultKinds)+1 || !slices.Contains(got, "pg_failover") {
-		t.Errorf("the soak with lookups draws %v, not every kind and pg_failover", got)
+	if got := kindsFor(providerLookup); len(got) != len(faultKinds)+2 || !slices.Contains(got, "pg_failover") || !slices.Contains(got, "receipts_lost") {
+		t.Errorf("the soak with lookups draws %v, not every kind, pg_failover and receipts_lost", got)
 	}
 	if !slices.Equal(kindsFor(providerTwilio), kindsFor(providerLookup)) {
 		t.Error("the soak at Twilio does not draw what the soak with lookups draws")
@@ -254,8 +270,10 @@ func TestBringForward(t *testing.T) {
 		deck := append([]string{}, kindsFor(providerLookup)...)
 		rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		bringForward(deck, earlyKinds, rng)
-		if i := slices.Index(deck, "pg_failover"); i < 0 || i >= len(deck)/3 {
-			t.Fatalf("pg_failover at %d of %v", i, deck)
+		for _, k := range earlyKinds {
+			if i := slices.Index(deck, k); i < 0 || i >= len(deck)/3 {
+				t.Fatalf("%s at %d of %v", k, i, deck)
+			}
 		}
 		sorted := slices.Sorted(slices.Values(deck))
 		if !slices.Equal(sorted, slices.Sorted(slices.Values(kindsFor(providerLookup)))) {

@@ -105,6 +105,13 @@ func (s *soak) lookups() bool {
 	return s.cfg.provider == providerLookup || s.cfg.provider == providerTwilio
 }
 
+// sweepsReceipts reports whether the senders look up the rows whose receipt
+// is overdue, after a minute: where they look up, but in a drill with the
+// defaults' timings (an hour).
+func (s *soak) sweepsReceipts() bool {
+	return s.lookups() && (s.cfg.drill == "" || s.cfg.drillShort)
+}
+
 // runsPGPair reports whether Postgres runs as a primary and a streaming
 // standby of the soak's own: for the failover drill, and for the
 // pg_failover fault of the soaks with lookups.
@@ -234,9 +241,11 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 		}
 		s.receivers = append(s.receivers, s.newSlot("receiver-1", "receiver", receiverEnv))
 		senderEnv = append(senderEnv, "SMS_API_IDEMPOTENT=false", "SMS_API_LOOKUP=true", "RECEIPTS_PUBLIC_URL="+receiverURL)
-		if s.cfg.drill == "" || s.cfg.drillShort {
-			// The stub shows an accepted message to a lookup at once.
-			senderEnv = append(senderEnv, "SMS_API_LOOKUP_SETTLE=1s")
+		if s.sweepsReceipts() {
+			// The stub shows an accepted message to a lookup at once; a
+			// receipt not come within a minute is asked for (the shortest
+			// SENDER_RECEIPT_OVERDUE), fast enough for a soak's end.
+			senderEnv = append(senderEnv, "SMS_API_LOOKUP_SETTLE=1s", "SENDER_RECEIPT_OVERDUE=1m", "SENDER_RECEIPT_OVERDUE_RATE=50")
 		}
 		s.logf("receiver %s; senders look up an unanswered attempt; the stub sends receipts (numbers ending %s undelivered)", receiverURL, undeliveredSuffix)
 		if s.cfg.provider == providerTwilio {
@@ -307,7 +316,13 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	if s.lookups() {
 		// Receipts come a little after a row is sent; the stub tries each
 		// for about half a minute.
-		if err := s.waitReceipts(ctx, time.Minute); err != nil {
+		wait := time.Minute
+		if s.sweepsReceipts() {
+			// A row sent at the end of the load is a minute from its first
+			// overdue look, and a failed look waits two more.
+			wait = 4 * time.Minute
+		}
+		if err := s.waitReceipts(ctx, wait); err != nil {
 			return false, err
 		}
 	}
