@@ -39,7 +39,7 @@ func (e *env) viaPostgresProxy() (*env, *toxictest.Proxy) {
 	if proxied == e.dbURL() {
 		e.t.Fatalf("could not point %q at the proxy", e.dbURL())
 	}
-	pcfg, err := outbox.PoolConfig(proxied)
+	pcfg, err := outbox.PoolConfig(proxied, outbox.NoPooler)
 	if err != nil {
 		e.t.Fatal(err)
 	}

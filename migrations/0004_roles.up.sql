@@ -1,15 +1,22 @@
 -- Least-privilege roles. They are NOLOGIN groups: a deployment creates login
 -- roles IN ROLE one of them (CREATE ROLE relay1 LOGIN PASSWORD '...' IN ROLE
 -- sendonce_relay). Roles are cluster-wide, so creating them tolerates another
--- database (or a concurrent migration) having done it first.
+-- database (or a concurrent migration) having done it first. A role that
+-- exists is not created again: on managed Postgres the owner that migrates
+-- may not create roles, and an administrator creates them once beforehand
+-- (docs/operations.md, managed Postgres).
 DO $$
 DECLARE r text;
 BEGIN
     FOREACH r IN ARRAY ARRAY['sendonce_app', 'sendonce_relay', 'sendonce_sender'] LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r);
         BEGIN
             EXECUTE format('CREATE ROLE %I NOLOGIN', r);
         EXCEPTION WHEN duplicate_object OR unique_violation THEN
             NULL;
+        WHEN insufficient_privilege THEN
+            RAISE EXCEPTION 'role % is missing and % may not create it: an administrator creates the roles once (CREATE ROLE sendonce_app NOLOGIN; and sendonce_relay, sendonce_sender, sendonce_receiver, sendonce_console: docs/operations.md, managed Postgres)', r, current_user
+                USING ERRCODE = 'insufficient_privilege';
         END;
     END LOOP;
 END $$;

@@ -60,9 +60,14 @@ ALTER TABLE sms_attempts VALIDATE CONSTRAINT sms_attempts_outcome_check;
 -- records the receipts; never the number or the body.
 DO $$
 BEGIN
-    CREATE ROLE sendonce_receiver NOLOGIN;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sendonce_receiver') THEN
+        CREATE ROLE sendonce_receiver NOLOGIN;
+    END IF;
 EXCEPTION WHEN duplicate_object OR unique_violation THEN
     NULL;
+WHEN insufficient_privilege THEN
+    RAISE EXCEPTION 'role sendonce_receiver is missing and % may not create it: an administrator creates the roles once (docs/operations.md, managed Postgres)', current_user
+        USING ERRCODE = 'insufficient_privilege';
 END $$;
 GRANT SELECT (id, status, provider_ref) ON sms_outbox TO sendonce_receiver;
 GRANT UPDATE (status, provider_ref, lookup_pending, updated_at) ON sms_outbox TO sendonce_receiver;

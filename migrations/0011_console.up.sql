@@ -7,9 +7,14 @@
 -- statement is safe to run again.
 DO $$
 BEGIN
-    CREATE ROLE sendonce_console NOLOGIN;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sendonce_console') THEN
+        CREATE ROLE sendonce_console NOLOGIN;
+    END IF;
 EXCEPTION WHEN duplicate_object OR unique_violation THEN
     NULL;
+WHEN insufficient_privilege THEN
+    RAISE EXCEPTION 'role sendonce_console is missing and % may not create it: an administrator creates the roles once (docs/operations.md, managed Postgres)', current_user
+        USING ERRCODE = 'insufficient_privilege';
 END $$;
 
 -- Every column but the number and the body: the pages show statuses,

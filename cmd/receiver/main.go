@@ -44,7 +44,7 @@ type config struct {
 }
 
 func bind(s *envflag.Set, c *config) {
-	service.BindDatabase(s, &c.DatabaseURL)
+	service.BindDatabase(s, &c.Database)
 	s.String(&c.addr, "receipts-addr", "RECEIPTS_ADDR", ":8088", "address the receipt endpoints listen on (the provider calls it)")
 	s.Secret(&c.secret, "sms-webhook-secret", "SMS_WEBHOOK_SECRET", "shared secret (at least 16 bytes) that signs generic receipts (Sendonce-Signature); enables /v1/receipts/generic")
 	s.Secret(&c.previousSecret, "sms-webhook-secret-previous", "SMS_WEBHOOK_SECRET_PREVIOUS", "the secret being rotated out, accepted as well until the provider signs with the new one")
@@ -100,7 +100,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 		return err
 	}
 	defer tel.Stop()
-	pool, err := service.OpenDatabase(ctx, c.DatabaseURL, service.Options{Telemetry: tel, Name: "sendonce-receiver", MinConns: 2}, log)
+	pool, err := service.OpenDatabase(ctx, c.Database, service.Options{Telemetry: tel, Name: "sendonce-receiver", MinConns: 2}, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("receiver stopped before it started", "err", err)

@@ -95,7 +95,7 @@ func runConsole(ctx context.Context, args []string, getenv func(string) string, 
 func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, stdout io.Writer) error {
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	poolCfg, err := outbox.PoolConfig(c.DatabaseURL)
+	poolCfg, err := outbox.PoolConfig(c.Database.URL, c.Database.Pooler)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}

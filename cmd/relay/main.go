@@ -14,16 +14,20 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
+	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/service"
@@ -71,6 +75,8 @@ func intro() string {
 
 type config struct {
 	service.Settings
+	directURL     string
+	pollAlone     time.Duration
 	batchSize     int
 	workers       int
 	publishWindow int
@@ -89,7 +95,9 @@ func bind(s *envflag.Set, c *config) {
 	s.Int(&c.batchSize, "batch-size", "RELAY_BATCH_SIZE", relay.DefaultBatchSize, 1, 10000, "rows claimed per transaction")
 	s.Int(&c.workers, "workers", "RELAY_WORKERS", relay.DefaultWorkers, 1, 64, "batches in flight at once, each in its own transaction")
 	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", relay.DefaultPublishWindow, 1, 65536, "publications awaiting their PubAck at once")
-	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification")
+	service.BindDirectURL(s, &c.directURL)
+	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification, while the LISTEN works")
+	s.Duration(&c.pollAlone, "poll-alone", "RELAY_POLL_ALONE", relay.DefaultPollAlone, 10*time.Millisecond, time.Hour, "how often to look for rows while no LISTEN wakes the relay (through a transaction pooler without DATABASE_DIRECT_URL, a LISTEN that hears nothing, its connection lost): a row waits about half of it")
 	s.Duration(&c.linger, "linger", "RELAY_LINGER", relay.DefaultLinger, 0, time.Second, "how long notifications gather before the batch they start (0: a batch per notification)")
 	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", relay.DefaultAckTimeout, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks; rows not acknowledged stay pending")
 	s.Bool(&c.reconcile, "reconcile", "RECONCILE", true, "run the reconciler, which republishes or finalises rows stuck in queued or sending")
@@ -150,6 +158,7 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 // how to migrate.
 type migrateConfig struct {
 	service.Settings
+	directURL   string
 	down        int
 	force       bool
 	lockTimeout time.Duration
@@ -157,7 +166,8 @@ type migrateConfig struct {
 
 func bindMigrate(s *envflag.Set, c *migrateConfig) {
 	s.Intro("relay migrate applies the embedded migrations (creating the database if it is missing; safe when several run at once), then exits.")
-	service.BindDatabase(s, &c.DatabaseURL)
+	service.BindDatabase(s, &c.Database)
+	service.BindDirectURL(s, &c.directURL)
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
 	s.FlagSet().IntVar(&c.down, "down", 0, "revert this many migrations instead of applying (refused while sms_outbox holds rows: roll back binaries, not schema)")
@@ -172,9 +182,19 @@ func migrateDB(ctx context.Context, c migrateConfig, root *slog.Logger) error {
 	log := root.With("component", "relay")
 	connCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	conn, created, err := migrate.EnsureDatabase(connCtx, c.DatabaseURL)
+	// Migrations hold a session's advisory lock and session settings: a
+	// transaction pooler would hand their statements to other sessions.
+	db, ok := c.Database.Session(c.directURL)
+	if !ok {
+		return errors.New("DATABASE_POOLER=transaction: relay migrate needs a session of its own; set DATABASE_DIRECT_URL to the database past the pooler (docs/operations.md, behind a connection pooler)")
+	}
+	setting := "DATABASE_URL"
+	if c.directURL != "" {
+		setting = "DATABASE_DIRECT_URL"
+	}
+	conn, created, err := migrate.EnsureDatabase(connCtx, db.URL)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		return fmt.Errorf("%s: %w", setting, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if created {
@@ -228,10 +248,18 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 
 	reg := tel.Registry
 	reg.MustRegister(conns.Keeper)
+	var listen *pgx.ConnConfig
+	session, listens := c.Database.Session(c.directURL)
+	noListen := !listens
+	if listens && c.directURL != "" {
+		if listen, err = outbox.ConnConfig(session.URL, session.Pooler); err != nil {
+			return fmt.Errorf("DATABASE_DIRECT_URL: %w", err)
+		}
+	}
 	r, err := relay.New(relay.Config{
 		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
-		PollInterval: c.pollInterval, Linger: lingerSetting(c.linger), AckTimeout: c.ackTimeout, DBTimeout: c.DBTimeout,
-		Logger: root, Registerer: reg,
+		PollInterval: c.pollInterval, PollAlone: c.pollAlone, Linger: lingerSetting(c.linger), AckTimeout: c.ackTimeout,
+		DBTimeout: c.DBTimeout, Listen: listen, NoListen: noListen, Logger: root, Registerer: reg,
 	})
 	if err != nil {
 		return err

@@ -51,7 +51,7 @@ const (
 )
 
 type opsConfig struct {
-	databaseURL       string
+	db                service.Database
 	nats              natsconn.Config
 	reason, since, id string
 	dryRun, force     bool
@@ -75,7 +75,7 @@ func runOps(ctx context.Context, cmd string, args []string, getenv func(string) 
 	}
 	var c opsConfig
 	s := envflag.New("relay "+strings.TrimSpace(cmd+" "+verb), getenv, stderr)
-	service.BindDatabase(s, &c.databaseURL)
+	service.BindDatabase(s, &c.db)
 	natsconn.Bind(s, &c.nats)
 	fs := s.FlagSet()
 	if cmd == "dlq" {
@@ -236,9 +236,9 @@ func replayOne(ctx context.Context, c opsConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, c.databaseURL)
+	conn, err := service.Connect(ctx, c.db)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var tally replayTally
@@ -271,9 +271,9 @@ func replayByReason(ctx context.Context, c opsConfig, out io.Writer) error {
 	case !(c.rate > 0) || math.IsInf(c.rate, 0):
 		return usageError{fmt.Errorf("-rate %v: want a positive number of rows a second", c.rate)}
 	}
-	conn, err := pgx.Connect(ctx, c.databaseURL)
+	conn, err := service.Connect(ctx, c.db)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var tally replayTally
@@ -436,9 +436,9 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	if err != nil {
 		return usageError{fmt.Errorf("%q is not a UUID", arg)}
 	}
-	conn, err := pgx.Connect(ctx, c.databaseURL)
+	conn, err := service.Connect(ctx, c.db)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	row, err := outbox.GetRow(ctx, conn, id)

@@ -32,7 +32,7 @@ than SMS_API_LOOKUP_SETTLE are skipped. At Twilio the lookup matches the
 number and the body: run it with a database role that may read them.`
 
 type resolveConfig struct {
-	databaseURL string
+	db          service.Database
 	provider    provider.Settings
 	id          string
 	all, dryRun bool
@@ -40,7 +40,7 @@ type resolveConfig struct {
 }
 
 func bindResolve(s *envflag.Set, c *resolveConfig) {
-	service.BindDatabase(s, &c.databaseURL)
+	service.BindDatabase(s, &c.db)
 	provider.BindSettings(s, &c.provider)
 	fs := s.FlagSet()
 	fs.StringVar(&c.id, "id", "", "settle this row")
@@ -102,7 +102,11 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 	if err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, c.databaseURL)
+	poolCfg, err := outbox.PoolConfig(c.db.URL, c.db.Pooler)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}

@@ -73,25 +73,91 @@ type Querier interface {
 // password with an unescaped "@" would reach the message whole.
 var ErrUnparsableDSN = errors.New("cannot parse the connection string (left out: it may hold a password)")
 
+// Pooler names what stands between the processes and Postgres
+// (DATABASE_POOLER).
+type Pooler string
+
+// The poolers the processes know how to work through.
+const (
+	// NoPooler: the processes reach Postgres itself (or a pooler that
+	// passes sessions through whole).
+	NoPooler Pooler = "none"
+	// SessionPooler: a pooler that gives a client one server connection
+	// for its whole session (PgBouncer's pool_mode=session). It refuses
+	// startup parameters it does not know, so session settings are made
+	// with SET once connected.
+	SessionPooler Pooler = "session"
+	// TransactionPooler: a pooler that gives a client a server connection
+	// for one transaction at a time (PgBouncer's pool_mode=transaction,
+	// Supavisor's and RDS Proxy's usual mode). Nothing may rest on session
+	// state: no startup parameters, no named prepared statements (each
+	// statement is described once per connection and then sent unnamed,
+	// pgx's cache_describe mode), no session settings, no LISTEN.
+	TransactionPooler Pooler = "transaction"
+)
+
+// Poolers are the values of DATABASE_POOLER.
+var Poolers = []string{string(NoPooler), string(SessionPooler), string(TransactionPooler)}
+
+// ConnConfig parses dsn into a connection config that works through
+// pooler. A parse failure is ErrUnparsableDSN, without pgx's words: they
+// quote the connection string, whose password pgx masks only where it
+// finds it.
+func ConnConfig(dsn string, pooler Pooler) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, ErrUnparsableDSN
+	}
+	if pooler == TransactionPooler {
+		// A named prepared statement lives in one server session; through
+		// a transaction pooler the next statement may reach another.
+		// cache_describe sends every statement unnamed, with the
+		// parameter types described once per connection, so that every
+		// parameter (a UUID array too) is still encoded in binary.
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	return cfg, nil
+}
+
 // PoolConfig parses dsn into a pool config for the statements of this
-// package: each execution of a prepared statement is planned for its
-// parameters (plan_cache_mode=force_custom_plan, unless the DSN sets it). A
-// generic plan made while the table was small or never analyzed scans the
-// whole table later; measured by make bench: ~100M tuples seq-scanned per
-// run without it, ~70k with it, and 30% less Postgres CPU per message.
-// AllowGenericPlans relaxes this where the table is large enough.
+// package, through pooler: each execution of a prepared statement is
+// planned for its parameters (plan_cache_mode=force_custom_plan, unless the
+// DSN sets it). A generic plan made while the table was small or never
+// analyzed scans the whole table later; measured by make bench: ~100M
+// tuples seq-scanned per run without it, ~70k with it, and 30% less
+// Postgres CPU per message. AllowGenericPlans relaxes this where the table
+// is large enough.
 //
-// A parse failure is ErrUnparsableDSN, without pgx's words: they quote the
-// connection string, whose password pgx masks only where it finds it.
-func PoolConfig(dsn string) (*pgxpool.Config, error) {
+// Directly, the setting is a startup parameter. A session pooler refuses
+// startup parameters it does not know, so it is SET once connected. Through
+// a transaction pooler every statement is unnamed and so planned for its
+// parameters anyway, and nothing is set.
+func PoolConfig(dsn string, pooler Pooler) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, ErrUnparsableDSN
 	}
+	conn, err := ConnConfig(dsn, pooler)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig = conn
 	if cfg.ConnConfig.RuntimeParams == nil {
 		cfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; set {
+		return cfg, nil
+	}
+	switch pooler {
+	case SessionPooler:
+		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
+				return fmt.Errorf("outbox: set plan_cache_mode: %w", err)
+			}
+			return nil
+		}
+	case TransactionPooler:
+	default:
 		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	}
 	return cfg, nil
@@ -114,7 +180,8 @@ const DefaultPlanRecheck = 10 * time.Second
 // GenericPlansMinPages; otherwise the connection keeps PoolConfig's custom
 // plans. The size is read when a connection opens and again when it is
 // acquired once recheck (0: DefaultPlanRecheck) has passed since. A DSN
-// that sets the plan_cache_mode parameter is left alone.
+// that sets the plan_cache_mode parameter is left alone, and so is a pool
+// that prepares no statement (through a transaction pooler).
 //
 // Planning is most of the Postgres work of a small batch's claim or status
 // write. A generic plan is made on the table as it is then, and made again
@@ -131,6 +198,11 @@ const DefaultPlanRecheck = 10 * time.Second
 // so a table that grew since is still read as small, the safe side.
 func AllowGenericPlans(cfg *pgxpool.Config, recheck time.Duration) {
 	if dsn, err := pgxpool.ParseConfig(cfg.ConnString()); err != nil || dsn.ConnConfig.RuntimeParams["plan_cache_mode"] != "" {
+		return
+	}
+	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		// No prepared statement outlives its execution (a transaction
+		// pooler): no plan is reused, and no session setting may be made.
 		return
 	}
 	recheck = cmp.Or(recheck, DefaultPlanRecheck)

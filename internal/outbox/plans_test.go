@@ -18,7 +18,7 @@ import (
 // sender's, checking the table's size again after recheck.
 func planPool(t *testing.T, url string, recheck time.Duration) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := outbox.PoolConfig(url)
+	cfg, err := outbox.PoolConfig(url, outbox.NoPooler)
 	if err != nil {
 		t.Fatal(err)
 	}

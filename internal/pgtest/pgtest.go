@@ -7,8 +7,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +33,15 @@ func AdminURL() string {
 		return u
 	}
 	return DefaultURL
+}
+
+// Host returns the host:port of the server AdminURL reaches.
+func Host() string {
+	cfg, err := pgx.ParseConfig(AdminURL())
+	if err != nil {
+		return "127.0.0.1:5432"
+	}
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
 }
 
 // Create creates an empty database with a random name and returns its URL

@@ -13,6 +13,7 @@ type metrics struct {
 	batchErrors   prometheus.Counter
 	batchRows     prometheus.Histogram
 	batchSeconds  prometheus.Histogram
+	listening     prometheus.Gauge
 }
 
 // batchBuckets returns exponential buckets from 1ms up to at least bound:
@@ -50,9 +51,13 @@ func newMetrics(reg prometheus.Registerer, batchBound time.Duration) (*metrics, 
 			Help:    "Time from claim to commit of one relay batch.",
 			Buckets: batchBuckets(batchBound),
 		}),
+		listening: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sendonce_relay_listening",
+			Help: "1 while the relay's LISTEN hears notifications (it polls every RELAY_POLL_INTERVAL), 0 while it polls alone (every RELAY_POLL_ALONE).",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchErrors, m.batchRows, m.batchSeconds} {
+		for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchErrors, m.batchRows, m.batchSeconds, m.listening} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("relay: register metrics: %w", err)
 			}

@@ -13,6 +13,8 @@ package relay
 import (
 	"cmp"
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,7 +48,14 @@ const (
 	DefaultPollInterval  = time.Second
 	DefaultAckTimeout    = 10 * time.Second
 	DefaultLinger        = 20 * time.Millisecond
+	DefaultPollAlone     = 200 * time.Millisecond
+	DefaultListenProbe   = 5 * time.Second
 )
+
+// probeChannel carries the relay's own notification that checks that its
+// LISTEN hears anything: through a transaction pooler a LISTEN succeeds
+// and hears nothing.
+const probeChannel = "sendonce_listen_probe"
 
 // Config configures a Relay.
 type Config struct {
@@ -68,8 +77,25 @@ type Config struct {
 	// default 1024.
 	PublishWindow int
 	// PollInterval is how often the relay looks for rows without a
-	// notification: the fallback when a NOTIFY is lost; default 1s.
+	// notification while its LISTEN works: the fallback when a NOTIFY is
+	// lost; default 1s.
 	PollInterval time.Duration
+	// PollAlone is how often the relay looks for rows while no LISTEN
+	// wakes it (NoListen, a LISTEN that hears nothing, or one whose
+	// connection is lost); default 200ms: a row waits about half of it.
+	PollAlone time.Duration
+	// Listen is the connection the LISTEN is held on, a session of its own
+	// (DATABASE_DIRECT_URL); nil: a connection like the pool's.
+	Listen *pgx.ConnConfig
+	// NoListen: the relay holds no LISTEN (it has no session of its own:
+	// DATABASE_URL goes through a transaction pooler, and no
+	// DATABASE_DIRECT_URL is set) and polls every PollAlone.
+	NoListen bool
+	// ListenProbe is how long a new LISTEN waits to hear the relay's own
+	// notification, sent through the pool: one that hears nothing (through
+	// a transaction pooler, LISTEN succeeds and hears nothing) is given up,
+	// said once, and the relay polls every PollAlone; default 5s.
+	ListenProbe time.Duration
 	// Linger is how long the relay lets notifications gather before the
 	// batch they start: every insert transaction notifies, and a batch
 	// per notification is a batch of one or two rows at a moderate rate,
@@ -94,6 +120,8 @@ func (c *Config) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.PublishWindow = cmp.Or(c.PublishWindow, DefaultPublishWindow)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.PollAlone = cmp.Or(c.PollAlone, DefaultPollAlone)
+	c.ListenProbe = cmp.Or(c.ListenProbe, DefaultListenProbe)
 	c.Linger = cmp.Or(c.Linger, DefaultLinger)
 	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
 	c.DBTimeout = cmp.Or(c.DBTimeout, outbox.DefaultDBTimeout)
@@ -114,8 +142,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("relay: Workers %d is outside 1..64", c.Workers)
 	case c.PublishWindow < 1:
 		return fmt.Errorf("relay: PublishWindow %d must be at least 1", c.PublishWindow)
-	case c.PollInterval < 10*time.Millisecond:
-		return fmt.Errorf("relay: PollInterval %s is below 10ms", c.PollInterval)
+	case c.PollInterval < 10*time.Millisecond || c.PollAlone < 10*time.Millisecond:
+		return fmt.Errorf("relay: PollInterval %s and PollAlone %s must be at least 10ms", c.PollInterval, c.PollAlone)
+	case c.ListenProbe < 0:
+		return fmt.Errorf("relay: ListenProbe %s must not be negative", c.ListenProbe)
 	case c.Linger > time.Second:
 		return fmt.Errorf("relay: Linger %s is above 1s", c.Linger)
 	case c.AckTimeout <= 0:
@@ -192,10 +222,18 @@ func (r *Relay) Run(ctx context.Context) error {
 	// trickle of inserts one batch serves them, and a backlog draws the others
 	// in as each full batch passes the token on.
 	wake := make(chan struct{}, 1)
-	poll := time.NewTicker(r.cfg.PollInterval)
+	// Until a LISTEN is known to hear notifications, the relay polls as
+	// often as it would with none.
+	poll := time.NewTicker(r.cfg.PollAlone)
 	defer poll.Stop()
 	var wg sync.WaitGroup
-	wg.Go(func() { r.listen(ctx, wake) })
+	if r.cfg.NoListen {
+		r.log.InfoContext(ctx, "no LISTEN: the relay has no database session of its own (DATABASE_URL goes through a transaction pooler; set DATABASE_DIRECT_URL for one); polling instead",
+			"poll_interval", r.cfg.PollAlone.String())
+		r.metrics.listening.Set(0)
+	} else {
+		wg.Go(func() { r.listen(ctx, wake, poll) })
+	}
 	for range r.cfg.Workers {
 		wg.Go(func() { r.work(ctx, wake, poll.C) })
 	}
@@ -349,42 +387,64 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 	return acked, seqs, firstErr
 }
 
+// errSilent is a LISTEN that did not hear the relay's own notification.
+var errSilent = errors.New("the LISTEN did not hear the relay's own notification")
+
 // listen holds a LISTEN on its own connection and signals wake at every
-// notification. It is only a hint: polling finds every row anyway.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+// notification. It is only a hint: polling finds every row anyway, every
+// PollInterval while the LISTEN works and every PollAlone while it does
+// not. A LISTEN that hears nothing (it reaches Postgres through a
+// transaction pooler) is given up for good, and said so once.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, poll *time.Ticker) {
 	failures := 0
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, wake)
+		err := r.listenOnce(ctx, wake, func() {
+			failures = 0
+			poll.Reset(r.cfg.PollInterval)
+			r.metrics.listening.Set(1)
+		})
+		poll.Reset(r.cfg.PollAlone)
+		r.metrics.listening.Set(0)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errSilent) {
+			r.log.WarnContext(ctx, "LISTEN hears no notification (a transaction pooler between the relay and Postgres?): polling instead; set DATABASE_DIRECT_URL to a direct connection for LISTEN",
+				"poll_interval", r.cfg.PollAlone.String(), "probe", r.cfg.ListenProbe.String())
 			return
 		}
 		failures++
 		d := backoff(failures)
-		r.log.WarnContext(ctx, "listen connection lost; polling meanwhile", "err", err, "retry_in", d)
+		r.log.WarnContext(ctx, "listen connection lost; polling meanwhile", "err", err, "retry_in", d, "poll_interval", r.cfg.PollAlone.String())
 		if !sleep(ctx, d) {
 			return
 		}
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+// listenOnce holds one LISTEN until its connection fails; heard is called
+// once the LISTEN has heard the relay's own probe.
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, heard func()) error {
+	cfg := r.cfg.Listen
+	if cfg == nil {
+		cfg = r.cfg.Pool.Config().ConnConfig
+	}
 	connCtx, cancel := context.WithTimeout(ctx, r.cfg.DBTimeout)
-	conn, err := pgx.ConnectConfig(connCtx, r.cfg.Pool.Config().ConnConfig.Copy())
+	conn, err := pgx.ConnectConfig(connCtx, cfg.Copy())
 	cancel()
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
-		return fmt.Errorf("listen: %w", err)
+	for _, ch := range []string{probeChannel, Channel} {
+		if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
 	}
 	signal(wake) // rows may have arrived while not listening
 	// Notifications within Linger of the first start one batch.
 	var lingering atomic.Bool
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return fmt.Errorf("wait for notification: %w", err)
-		}
+	notified := func() {
 		if r.cfg.Linger <= 0 {
 			signal(wake)
 		} else if lingering.CompareAndSwap(false, true) {
@@ -392,6 +452,49 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 				lingering.Store(false)
 				signal(wake)
 			})
+		}
+	}
+	if err := r.probe(ctx, conn, notified); err != nil {
+		return err
+	}
+	heard()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		if n.Channel == Channel {
+			notified()
+		}
+	}
+}
+
+// probe sends a notification of its own through the pool and waits up to
+// ListenProbe for conn's LISTEN to hear it; errSilent when it does not.
+// Insert notifications heard meanwhile are passed to notified.
+func (r *Relay) probe(ctx context.Context, conn *pgx.Conn, notified func()) error {
+	var b [8]byte
+	_, _ = cryptorand.Read(b[:])
+	token := hex.EncodeToString(b[:])
+	dbCtx, cancel := context.WithTimeout(ctx, r.cfg.DBTimeout)
+	_, err := r.cfg.Pool.Exec(dbCtx, `SELECT pg_notify($1, $2)`, probeChannel, token)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("probe the listen: %w", err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, r.cfg.ListenProbe)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(waitCtx)
+		switch {
+		case err != nil && ctx.Err() == nil && waitCtx.Err() != nil:
+			return errSilent
+		case err != nil:
+			return fmt.Errorf("wait for the probe: %w", err)
+		case n.Channel == Channel:
+			notified()
+		case n.Channel == probeChannel && n.Payload == token:
+			return nil
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,10 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/natstest"
+	internaloutbox "github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgbouncer"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testport"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -367,4 +371,69 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("config %d accepted", i)
 		}
 	}
+}
+
+// A LISTEN through a transaction pooler succeeds and hears nothing: the
+// relay finds out with its own notification, says so once, and polls every
+// PollAlone; rows still move.
+func TestSilentListenFallsBackToPolling(t *testing.T) {
+	if _, err := pgbouncer.Bin(); err != nil {
+		t.Skip(err)
+	}
+	t.Parallel()
+	e := setup(t)
+	port, err := testport.Pick()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pgbouncer.Start(context.Background(), pgbouncer.Config{Upstream: pgtest.Host(), Mode: pgbouncer.Transaction, Port: port, PoolSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	listen, err := internaloutbox.ConnConfig(b.URL("postgres", e.pool.Config().ConnConfig.Database), internaloutbox.TransactionPooler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testkit.Buffer
+	reg := prometheus.NewRegistry()
+	run(t, e.newRelay(t, relay.Config{PollInterval: time.Hour, PollAlone: 100 * time.Millisecond, Listen: listen,
+		ListenProbe: 500 * time.Millisecond, Registerer: reg, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}))
+	testkit.WaitFor(t, 20*time.Second, "the relay to give its LISTEN up", func() bool {
+		return strings.Contains(logs.String(), "LISTEN hears no notification")
+	})
+	if v := gaugeValue(t, reg, "sendonce_relay_listening"); v != 0 {
+		t.Fatalf("sendonce_relay_listening = %v while the relay polls", v)
+	}
+	ids := e.insert(t, 5)
+	testkit.WaitFor(t, 20*time.Second, "rows queued by polling", func() bool { return e.countStatus(t, outbox.StatusQueued) == len(ids) })
+	if n := strings.Count(logs.String(), "LISTEN hears no notification"); n != 1 {
+		t.Fatalf("said %d times, want once", n)
+	}
+}
+
+// A LISTEN that works is said so by the gauge.
+func TestListeningGauge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	reg := prometheus.NewRegistry()
+	run(t, e.newRelay(t, relay.Config{Registerer: reg}))
+	testkit.WaitFor(t, 20*time.Second, "the relay to hear its LISTEN", func() bool {
+		return gaugeValue(t, reg, "sendonce_relay_listening") == 1
+	})
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
 }

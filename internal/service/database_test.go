@@ -91,8 +91,8 @@ func TestDatabaseURLErrorsHoldNoPassword(t *testing.T) {
 		for _, insecure := range []string{"", "true"} {
 			var out strings.Builder
 			s := envflag.New("prog", testkit.EnvMap(map[string]string{"DATABASE_URL": dsn, "DATABASE_ALLOW_INSECURE": insecure}), &out)
-			var url string
-			service.BindDatabase(s, &url)
+			var db service.Database
+			service.BindDatabase(s, &db)
 			code, stop := s.Command(nil)
 			msg := out.String()
 			if !stop || code != 2 || !strings.Contains(msg, "DATABASE_URL") {
@@ -124,7 +124,7 @@ func TestBindDatabase(t *testing.T) {
 		{map[string]string{}, "DATABASE_URL"},
 	} {
 		s := envflag.New("prog", testkit.EnvMap(tt.env), io.Discard)
-		var url string
+		var url service.Database
 		service.BindDatabase(s, &url)
 		err := s.Parse(nil)
 		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {

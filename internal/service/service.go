@@ -35,8 +35,8 @@ const DefaultShutdownTimeout = 30 * time.Second
 
 // Settings are the settings every service has.
 type Settings struct {
-	// DatabaseURL is the Postgres URL (DATABASE_URL, required).
-	DatabaseURL string
+	// Database is how to reach Postgres (DATABASE_URL, DATABASE_POOLER).
+	Database Database
 	// NATS is how to reach NATS (NATS_URL and the auth settings).
 	NATS natsconn.Config
 	// Topology is NATS_ENSURE_TOPOLOGY and NATS_REPLICAS.
@@ -54,7 +54,7 @@ type Settings struct {
 // BindConnections binds the settings a service needs to reach Postgres and
 // NATS; operator commands bind only these.
 func BindConnections(s *envflag.Set, c *Settings) {
-	BindDatabase(s, &c.DatabaseURL)
+	BindDatabase(s, &c.Database)
 	natsconn.Bind(s, &c.NATS)
 }
 
@@ -217,7 +217,7 @@ type Conns struct {
 // copies each. Each step but the wait is bounded by StartTimeout. Errors
 // name the setting to check.
 func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns, error) {
-	pool, err := OpenDatabase(ctx, c.DatabaseURL, o, log)
+	pool, err := OpenDatabase(ctx, c.Database, o, log)
 	if err != nil {
 		return nil, err
 	}
@@ -254,10 +254,10 @@ func Open(ctx context.Context, c Settings, o Options, log *slog.Logger) (*Conns,
 // OpenDatabase connects to Postgres within StartTimeout and checks that its
 // schema is at least the version this binary's migrations reach. Errors
 // name the setting to check.
-func OpenDatabase(ctx context.Context, databaseURL string, o Options, log *slog.Logger) (*pgxpool.Pool, error) {
+func OpenDatabase(ctx context.Context, db Database, o Options, log *slog.Logger) (*pgxpool.Pool, error) {
 	startCtx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
-	poolCfg, err := outbox.PoolConfig(databaseURL)
+	poolCfg, err := outbox.PoolConfig(db.URL, db.Pooler)
 	if err != nil {
 		return nil, errUnparsable
 	}
@@ -271,7 +271,11 @@ func OpenDatabase(ctx context.Context, databaseURL string, o Options, log *slog.
 	}
 	if err := pool.Ping(startCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		return nil, connectError(err)
+	}
+	if err := checkStartupParameters(startCtx, pool, db); err != nil {
+		pool.Close()
+		return nil, err
 	}
 	// A binary on a schema older than it needs would fail every statement
 	// that touches what the newer migrations added: refuse, and say which

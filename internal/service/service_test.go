@@ -124,7 +124,7 @@ func TestTelemetry(t *testing.T) {
 		})
 	}
 	notReady("before Open", "starting")
-	conns, err := service.Open(context.Background(), service.Settings{DatabaseURL: url, NATS: natsconn.Config{URL: srv.URL()}, Topology: streams.Settings{Ensure: true}},
+	conns, err := service.Open(context.Background(), service.Settings{Database: service.Database{URL: url}, NATS: natsconn.Config{URL: srv.URL()}, Topology: streams.Settings{Ensure: true}},
 		service.Options{Telemetry: tel, Name: "test"}, discard)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func TestTelemetry(t *testing.T) {
 
 func TestOpenNamesTheDatabaseSetting(t *testing.T) {
 	t.Parallel()
-	c := service.Settings{DatabaseURL: "postgres://postgres@127.0.0.1:1/none?connect_timeout=2"}
+	c := service.Settings{Database: service.Database{URL: "postgres://postgres@127.0.0.1:1/none?connect_timeout=2"}}
 	if _, err := service.Open(context.Background(), c, service.Options{}, discard); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Fatalf("Open = %v, want an error naming DATABASE_URL", err)
 	}
