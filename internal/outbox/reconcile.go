@@ -38,8 +38,8 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 //   - queued rows parked in Postgres (a sender acked their message and left
 //     them to wait for a long retry; stream_seq is NULL) once they are due;
 //   - queued rows whose retry time passed more than grace ago, whose current
-//     publication their lane's consumer has already delivered (stream_seq at
-//     or below delivered[priority]: a row behind it in a backlog is only
+//     publication their lane's consumer is done with (stream_seq at or below
+//     done[priority], its ack floor: a row behind it in a backlog is only
 //     waiting), and not touched for grace;
 //   - sending rows whose claim's lease ran out more than grace ago: the
 //     attempt died and no redelivery came to take the expired lease over.
@@ -52,9 +52,10 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 // A row whose stream_seq is beyond lastSeq belongs to a stream that was lost
 // and recreated (its sequences started again): it is stuck too.
 //
-// delivered holds the delivered stream sequence of the urgent, normal and
+// done holds the ack floor (the stream sequence up to which every message
+// was acked, terminated or ran out of deliveries) of the urgent, normal and
 // bulk lanes' consumers, in that order.
-func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, delivered [3]uint64, lastSeq uint64, limit int) ([]Stuck, error) {
+func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, done [3]uint64, lastSeq uint64, limit int) ([]Stuck, error) {
 	seq := func(s uint64) int64 { return int64(min(s, 1<<62)) }
 	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted, priority, lookup_pending
 		FROM sms_outbox
@@ -67,7 +68,7 @@ func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, delivered [
 		                               OR stream_seq > $4)))
 		ORDER BY updated_at
 		LIMIT $3
-		FOR NO KEY UPDATE SKIP LOCKED`, grace, seq(delivered[0]), limit, seq(lastSeq), seq(delivered[1]), seq(delivered[2]))
+		FOR NO KEY UPDATE SKIP LOCKED`, grace, seq(done[0]), limit, seq(lastSeq), seq(done[1]), seq(done[2]))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
 		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted, &s.Priority, &s.LookupPending)

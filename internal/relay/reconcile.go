@@ -172,13 +172,19 @@ func (r *Reconciler) stuckPass(ctx context.Context) (int, []deadletter.Letter, e
 	ctx, cancel := context.WithTimeout(ctx, 3*r.cfg.DBTimeout)
 	defer cancel()
 	// Each lookup fetches the info it caches: one request each per pass.
-	var delivered [3]uint64
+	// A row is republished only once its lane's consumer is done with its
+	// message (acked, terminated, or out of deliveries: the ack floor is
+	// past it). A message still held (a sender's call in flight, whose
+	// claim a failover may have lost) or still to be redelivered is left
+	// to its holder and to JetStream: republishing it would hand the row to
+	// a second sender while the first may still be calling the provider.
+	var done [3]uint64
 	for i, l := range streams.Lanes {
 		cons, err := r.cfg.JetStream.Consumer(ctx, r.cfg.Stream, l.Consumer)
 		if err != nil {
 			return 0, nil, fmt.Errorf("look up consumer %s: %w", l.Consumer, err)
 		}
-		delivered[i] = cons.CachedInfo().Delivered.Stream
+		done[i] = cons.CachedInfo().AckFloor.Stream
 	}
 	stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
 	if err != nil {
@@ -190,7 +196,7 @@ func (r *Reconciler) stuckPass(ctx context.Context) (int, []deadletter.Letter, e
 		return 0, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	stuck, err := outbox.ClaimStuck(ctx, tx, r.cfg.Grace, delivered, sinfo.State.LastSeq, r.cfg.BatchSize)
+	stuck, err := outbox.ClaimStuck(ctx, tx, r.cfg.Grace, done, sinfo.State.LastSeq, r.cfg.BatchSize)
 	if err != nil || len(stuck) == 0 {
 		return 0, nil, err
 	}
