@@ -91,7 +91,7 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	claims, err := outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, time.Minute, uuid.New())
+	claims, err := outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, nil, time.Minute, uuid.New())
 	if err != nil || len(claims) != 1 || claims[0].Result != outbox.Claimed {
 		t.Fatalf("the sender role cannot claim: %+v, %v", claims, err)
 	}
@@ -112,7 +112,7 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	if _, err := relayPool.Exec(ctx, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, retried); err != nil {
 		t.Fatal(err)
 	}
-	claims, err = outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, time.Minute, uuid.New())
+	claims, err = outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, nil, time.Minute, uuid.New())
 	if err != nil || len(claims) != 1 || claims[0].Result != outbox.Claimed {
 		t.Fatalf("the sender role cannot claim again: %+v, %v", claims, err)
 	}
@@ -124,7 +124,7 @@ func TestComponentsRunAsTheirRoles(t *testing.T) {
 	if _, err := relayPool.Exec(ctx, `UPDATE sms_outbox SET next_attempt_at = now() WHERE id = $1`, retried); err != nil {
 		t.Fatal(err)
 	}
-	claims, err = outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, time.Minute, uuid.New())
+	claims, err = outbox.ClaimForSend(ctx, senderPool, []uuid.UUID{retried}, nil, time.Minute, uuid.New())
 	if err != nil || len(claims) != 1 || !claims[0].LookupPending || claims[0].Lookups != 1 {
 		t.Fatalf("the sender role's claim after a failed lookup: %+v, %v", claims, err)
 	}

@@ -93,7 +93,7 @@ func BenchmarkClaimForSend(b *testing.B) {
 					ids = pgtest.LoadRows(b, pool, benchRefill, string(outbox.StatusQueued))
 					b.StartTimer()
 				}
-				claims, err := outbox.ClaimForSend(ctx, pool, ids[:batch], 25*time.Second, uuid.New())
+				claims, err := outbox.ClaimForSend(ctx, pool, ids[:batch], nil, 25*time.Second, uuid.New())
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -77,21 +77,22 @@ func claimPlans(t *testing.T, conn *pgxpool.Conn, ids []uuid.UUID) (int64, strin
 	ctx := context.Background()
 	token := uuid.New()
 	for range 10 {
-		if _, err := outbox.ClaimForSend(ctx, conn, ids, time.Minute, token); err != nil {
+		if _, err := outbox.ClaimForSend(ctx, conn, ids, nil, time.Minute, token); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var name string
 	var generic int64
+	// The query names the claim's text: it must not find itself.
 	err := conn.QueryRow(ctx, `SELECT name, generic_plans FROM pg_prepared_statements
-		WHERE statement LIKE '%WITH cur AS%FOR NO KEY UPDATE OF o%'`).Scan(&name, &generic)
+		WHERE statement LIKE '%WITH cur AS%FOR NO KEY UPDATE OF o%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&name, &generic)
 	if err != nil {
 		t.Fatalf("the claim is not a prepared statement of the connection: %v", err)
 	}
 	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
 		t.Fatal(err)
 	}
-	plan := pgtest.Explain(t, conn, fmt.Sprintf(`EXECUTE %s('{%s}', '1 minute', '%s')`, name, ids[0], token))
+	plan := pgtest.Explain(t, conn, fmt.Sprintf(`EXECUTE %s('{%s}', '1 minute', '%s', '{0}', '{0}')`, name, ids[0], token))
 	return generic, plan
 }
 

@@ -82,6 +82,18 @@ type Claim struct {
 	// (set when ClaimedStale): the dead attempt's request was made before
 	// then, so a lookup waits until the settle time has passed since.
 	LeaseEnded time.Duration
+	// PrevDelivery is the delivery whose claim the row showed before this
+	// one (set when claimed; zero when none was recorded): a redelivery that
+	// does not find its previous delivery there may have lost it, with its
+	// outcome, to a failover.
+	PrevDelivery Delivery
+}
+
+// Delivery names one delivery of one message: the message's stream
+// sequence and the delivery's count (1 for the first).
+type Delivery struct {
+	Seq   uint64
+	Count int
 }
 
 // ClaimForSend claims the rows ids for one provider attempt each under the
@@ -99,7 +111,21 @@ type Claim struct {
 // the attempts log's foreign-key checks), so concurrent claims of
 // overlapping sets cannot deadlock; a row the relay still holds is waited
 // for, and then seen as queued.
-func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, lease time.Duration, token uuid.UUID) ([]Claim, error) {
+//
+// from, when not nil, holds the delivery each id's claim comes from (in the
+// order of ids); it is recorded in the rows claimed (claim_seq,
+// claim_delivery), and the delivery the row showed before is returned as
+// Claim.PrevDelivery.
+func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, from []Delivery, lease time.Duration, token uuid.UUID) ([]Claim, error) {
+	seqs, counts := make([]int64, len(ids)), make([]int32, len(ids))
+	if from != nil {
+		if len(from) != len(ids) {
+			return nil, fmt.Errorf("outbox: claim rows for sending: %d ids but %d deliveries", len(ids), len(from))
+		}
+		for i, d := range from {
+			seqs[i], counts[i] = int64(min(d.Seq, 1<<62)), int32(min(d.Count, 1<<30))
+		}
+	}
 	// The rows are found by their key (id = ANY, an index scan whatever the
 	// table's statistics) and locked in id order; ids with no row come back
 	// as NotFound from the loop below. One join fewer than a join with the
@@ -107,7 +133,8 @@ func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, lease time.Du
 	rows, _ := q.Query(ctx, `
 WITH cur AS (
 	SELECT o.id, o.status, o.claim_id,
-	       coalesce(o.lease_until, o.updated_at + $2::interval) AS lease_until, o.next_attempt_at
+	       coalesce(o.lease_until, o.updated_at + $2::interval) AS lease_until, o.next_attempt_at,
+	       o.claim_seq, o.claim_delivery
 	FROM sms_outbox o
 	WHERE o.id = ANY($1::uuid[])
 	ORDER BY o.id
@@ -117,8 +144,11 @@ WITH cur AS (
 	SET status = 'sending',
 	    attempt_count = CASE WHEN mine THEN o.attempt_count ELSE o.attempt_count + 1 END,
 	    claim_id = $3, lease_until = clock_timestamp() + $2::interval, updated_at = clock_timestamp(),
-	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine)
+	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
+	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(d.seq, 0) END,
+	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(d.delivery, 0) END
 	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
+	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[]) AS d(id, seq, delivery) USING (id)
 	WHERE o.id = cur.id
 	  AND (cur.status = 'pending'
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
@@ -129,9 +159,9 @@ WITH cur AS (
 SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
        coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
-       clock_timestamp()
+       clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0)
 FROM cur
-LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token))
+LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
 		var (
 			c          Claim
@@ -146,9 +176,11 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token))
 			gen        *int32
 			createdAt  *time.Time
 			now        time.Time
+			prevSeq    int64
+			prevCount  int32
 		)
 		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
-			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now); err != nil {
+			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount); err != nil {
 			return c, err
 		}
 		switch {
@@ -167,6 +199,7 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token))
 			if c.Result == ClaimedStale {
 				c.LeaseEnded = max(0, now.Sub(*leaseUntil))
 			}
+			c.PrevDelivery = Delivery{Seq: uint64(max(prevSeq, 0)), Count: int(prevCount)}
 		default:
 			c.Prev = State(*prev)
 			if c.Prev.Terminal() {
@@ -291,8 +324,11 @@ type Attempt struct {
 
 // ApplyResults writes a batch of attempt outcomes and returns the rows whose
 // write applied. Each write is guarded so it never moves a row backwards:
-// sent is written over any unfinished status, and over unknown (the
-// provider's own answer is the evidence that settles it); a retry, dead or
+// sent is written over any unfinished status, over unknown (the provider's
+// own answer is the evidence that settles it), and over dead (a later
+// claim concluded nothing was sent, while this attempt's answer, lost to
+// it, says the provider took the message: truth over the guess, as a
+// receipt does); a retry, dead or
 // unknown only by the claim that still holds the row (its token), which
 // also makes writing the same result twice harmless (a retry after an error
 // whose commit went through applies again to the row it already moved). A
@@ -507,9 +543,10 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::floa
      JOIN locked USING (id)
 WHERE o.id = v.id
   AND CASE -- The provider's own word (an answer, a lookup) is evidence: it is
-           -- written over any unfinished status and over unknown, and a
-           -- delivery report over sent; never over a final status.
-           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown')
+           -- written over any unfinished status, over unknown, and (an
+           -- answer that a row's dead contradicts) over dead; a delivery
+           -- report over sent; never over delivered or undelivered.
+           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead')
            WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
@@ -551,7 +588,7 @@ UPDATE sms_outbox o
 SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref), last_error = NULL, end_reason = NULL,
     lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown')
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead')
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`, ids, refs)
 	if err := collectWritten(rows, written); err != nil {
 		return fmt.Errorf("outbox: write sends: %w", err)

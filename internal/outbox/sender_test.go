@@ -27,7 +27,7 @@ func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 
 func claimOne(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, token uuid.UUID) outbox.Claim {
 	t.Helper()
-	cs, err := outbox.ClaimForSend(context.Background(), pool, []uuid.UUID{id}, time.Minute, token)
+	cs, err := outbox.ClaimForSend(context.Background(), pool, []uuid.UUID{id}, nil, time.Minute, token)
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("claim %s = %+v, %v", id, cs, err)
 	}
@@ -83,7 +83,7 @@ func TestClaimForSend(t *testing.T) {
 	exec(t, pool, `UPDATE sms_outbox SET status='sending', attempt_count=1, updated_at=now()-interval '1 hour' WHERE id = $1`, legacy)
 
 	token := uuid.New()
-	claims, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued, pending, sent, stale, live, waiting, legacy, missing, queued}, lease, token)
+	claims, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued, pending, sent, stale, live, waiting, legacy, missing, queued}, nil, lease, token)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestClaimForSend(t *testing.T) {
 	}
 	// A second claim of the same rows, under another token, finds them
 	// leased: a concurrent delivery never calls the provider.
-	again, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued}, lease, uuid.New())
+	again, err := outbox.ClaimForSend(ctx, pool, []uuid.UUID{queued}, nil, lease, uuid.New())
 	if err != nil || len(again) != 1 || again[0].Result != outbox.Leased {
 		t.Fatalf("second claim = %+v, %v; want Leased", again, err)
 	}
@@ -185,7 +185,7 @@ func TestApplyResultsGuards(t *testing.T) {
 	// Late or duplicate outcomes never move a finished row.
 	w = write(t, pool, false,
 		outbox.Result{ID: a, Status: outbox.StatusDead, Reason: "permanent", Error: "late", Token: ca.Token},
-		outbox.Result{ID: c, Status: outbox.StatusSent, ProviderRef: "msg_c"},
+		outbox.Result{ID: a, Status: outbox.StatusSent, ProviderRef: "msg_again"},
 	)
 	if len(w) != 0 {
 		t.Fatalf("late writes changed %v, want nothing", w)
@@ -272,6 +272,20 @@ func TestSentSettlesUnknown(t *testing.T) {
 	if st := status(t, pool, id); st.Status != outbox.StatusSent || st.ProviderRef != "msg_late" || reason != nil {
 		t.Fatalf("row = %+v, end_reason %v", st, reason)
 	}
+	// So is an answer that contradicts dead: a later claim concluded that
+	// nothing was sent (a lookup that came too early found nothing, the
+	// budget spent), while this attempt's answer says the provider took it.
+	dead := enqueue(t, pool, "+15551234568", "b")
+	cd := claimOne(t, pool, dead, uuid.New())
+	if w := write(t, pool, false, outbox.Result{ID: dead, Status: outbox.StatusDead, Reason: "max_attempts", Error: "spent", Token: cd.Token}); len(w) != 1 {
+		t.Fatal("dead not written")
+	}
+	if w := write(t, pool, false, outbox.Result{ID: dead, Status: outbox.StatusSent, ProviderRef: "msg_took"}); len(w) != 1 {
+		t.Fatal("the provider's answer did not overrule dead")
+	}
+	if st := status(t, pool, dead); st.Status != outbox.StatusSent || st.ProviderRef != "msg_took" {
+		t.Fatalf("row = %+v, want sent", st)
+	}
 }
 
 // A batch writing the same row twice (a late outcome of an overtaken
@@ -317,7 +331,7 @@ func TestWritesAndClaimsDoNotDeadlock(t *testing.T) {
 			order = reversed
 		}
 		token := uuid.New()
-		claims, err := outbox.ClaimForSend(ctx, pool, order, time.Millisecond, token)
+		claims, err := outbox.ClaimForSend(ctx, pool, order, nil, time.Millisecond, token)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -346,7 +360,7 @@ func TestWritesAndClaimsDoNotDeadlock(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := outbox.ClaimForSend(ctx, pool, reversed, time.Millisecond, uuid.New()); err != nil {
+			if _, err := outbox.ClaimForSend(ctx, pool, reversed, nil, time.Millisecond, uuid.New()); err != nil {
 				errs <- err
 			}
 		}()

@@ -30,15 +30,17 @@ type result struct {
 
 // attempt makes one provider attempt for a claimed row, if the decision
 // before the call allows it, and hands the verdict to the status writer; it
-// reports whether the provider was called. The decisions are decide's; this
-// only does the I/O around them.
+// reports whether it made a provider request (a lookup or a call), which
+// spent the token the claim loop took for it. A lookup and the call after
+// it are two requests: the call takes a token of its own first. The
+// decisions are decide's; this only does the I/O around them.
 //
 // deadline is when the claim's lease ends by the local clock, counted from
 // before the claim was sent (so never later than the lease the database
 // stamped): the lookup and the call are bounded by it, and a call that
 // could outlive it is not made, so that no attempt ever overlaps the next
 // claim's.
-func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline time.Time, results chan<- result) (called bool) {
+func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline time.Time, results chan<- result) bool {
 	// The row's attributes are formatted only for a line that is written: a
 	// logger made With them for every attempt formatted them eagerly, 3-6 us
 	// of CPU per message in BenchmarkSenderRun's profile.
@@ -52,7 +54,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
 		lastDelivery: s.lastDelivery(h.md), canLookup: s.cfg.Provider.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
-		redelivered: h.md != nil && h.md.NumDelivered > 1,
+		redelivered: unaccounted(h.md, c.PrevDelivery),
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
 	if f.looksUp() {
@@ -94,6 +96,15 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 			v = decideAfterNone(f)
 		}
 	}
+	if v.call && lookup != nil && s.cfg.Flow != nil {
+		// The lookup spent the claim's token: the call waits for another,
+		// but not past the last moment it may start within the lease.
+		wctx, cancel := context.WithDeadline(leased, deadline.Add(-s.cfg.Provider.Timeout()))
+		if err := s.cfg.Flow.Wait(wctx); err != nil {
+			deadline = time.Now() // no token in time: as if the lease ran short
+		}
+		cancel()
+	}
 	if v.call && time.Until(deadline) < s.cfg.Provider.Timeout() {
 		// A slow claim or lookup left too little of the lease for the call.
 		notAccepted := v.notAccepted
@@ -106,7 +117,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	}
 	started := time.Now()
 	var out provider.Outcome
-	called = v.call
+	called := v.call
 	if called {
 		out = s.cfg.Provider.Send(leased, provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
 		s.metrics.providerSeconds.Observe(out.Latency.Seconds())
@@ -172,7 +183,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	}
 	s.calling.Add(-1)
 	results <- res
-	return called
+	return called || lookup != nil
 }
 
 // attributeFound keeps, of the messages a lookup by content found, those
@@ -200,21 +211,19 @@ func (s *Sender) attributeFound(ctx context.Context, c outbox.Claim, q provider.
 	return lr
 }
 
-// claimEarly is how much before its next_attempt_at a queued row may be
-// claimed (outbox.ClaimForSend).
-const claimEarly = time.Second
-
 // lookupWait is how long a claimed row's lookup must wait: the settle time
 // after the lease a stale claim took over (the dead attempt's request was
 // made before it ran out), and the row's due time when an attempt without
-// an answer, or a write that missed its claim, set it to the settle time.
+// an answer, or a write that missed its claim, set it to the settle time
+// (a queued row is claimed up to a second before it is due: the lookup
+// still waits for it).
 func lookupWait(c outbox.Claim, settle time.Duration) time.Duration {
 	var w time.Duration
 	if c.Result == outbox.ClaimedStale {
 		w = settle - c.LeaseEnded
 	}
 	if c.LookupPending || c.MaybeAccepted {
-		w = max(w, c.DueIn-claimEarly)
+		w = max(w, c.DueIn)
 	}
 	return max(w, 0)
 }

@@ -163,7 +163,11 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		return
 	}
 	s.metrics.claimRows.Observe(float64(len(ids)))
-	claims, deadline, ok := s.claim(hold, ids)
+	from := make([]outbox.Delivery, len(ids))
+	for i, id := range ids {
+		from[i] = deliveryOf(byID[id][0].md)
+	}
+	claims, deadline, ok := s.claim(hold, ids, from)
 	if !ok {
 		// Given up at shutdown without an answer: whether the claim took
 		// the rows is unknown; another sender's claim will find out.
@@ -221,12 +225,12 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 // deadline is the end of the claims' lease by the local clock, counted from
 // before the claim that answered was sent: never later than the lease the
 // database stamped, whatever the round trip took.
-func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, time.Time, bool) {
+func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Delivery) ([]outbox.Claim, time.Time, bool) {
 	token := uuid.New()
 	for failures := 0; ; {
 		deadline := time.Now().Add(s.cfg.Lease)
 		dbCtx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
-		claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, s.cfg.Lease, token)
+		claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, from, s.cfg.Lease, token)
 		cancel()
 		if err == nil {
 			s.health.claimed()
@@ -247,4 +251,28 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID) ([]outbox.Claim, t
 			return nil, time.Time{}, false
 		}
 	}
+}
+
+// deliveryOf names the delivery of md (zero when its metadata could not be
+// read), for the row's record of its claim.
+func deliveryOf(md *jetstream.MsgMetadata) outbox.Delivery {
+	if md == nil {
+		return outbox.Delivery{}
+	}
+	return outbox.Delivery{Seq: md.Sequence.Stream, Count: int(md.NumDelivered)}
+}
+
+// unaccounted reports whether this delivery is a redelivery whose previous
+// delivery's claim the row does not show: that delivery backed off without
+// a claim (rare), or its claim and its outcome were lost with a
+// failed-over primary, and the row's history is not to be trusted. A row
+// that shows the previous delivery's claim shows what it did (a retry
+// written after a NakWithDelay, a lookup pending), and a row that shows
+// this very delivery's claim is a claim run again.
+func unaccounted(md *jetstream.MsgMetadata, prev outbox.Delivery) bool {
+	if md == nil || md.NumDelivered <= 1 {
+		return false
+	}
+	n := int(md.NumDelivered)
+	return prev.Seq != md.Sequence.Stream || (prev.Count != n-1 && prev.Count != n)
 }

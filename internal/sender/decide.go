@@ -58,11 +58,12 @@ type facts struct {
 	// operator replayed it, or a failover lost what the row said of an
 	// earlier attempt. Its history is not to be trusted blindly.
 	republished bool
-	// redelivered: this delivery is not its message's first. An earlier
-	// delivery may have called the provider and had its claim and its
-	// outcome lost with a failed-over primary (the row then reads as if
-	// nothing had happened), so the row's history is not to be trusted
-	// blindly either.
+	// redelivered: this delivery is not its message's first, and the row
+	// does not show the claim of the delivery before it: a failover may
+	// have lost that claim, its call and its outcome with the old primary
+	// (the row then reads as if nothing had happened), so the row's history
+	// is not to be trusted blindly. A retry's redelivery, whose previous
+	// claim the row shows with what it did, is not one.
 	redelivered bool
 	// beyondDedup: the row's first claim comes later than the broker
 	// remembers publications (older than the stream's duplicate window, or
