@@ -73,6 +73,10 @@ type Querier interface {
 // password with an unescaped "@" would reach the message whole.
 var ErrUnparsableDSN = errors.New("cannot parse the connection string (left out: it may hold a password)")
 
+// ErrSessionSetting is a connection string that sets plan_cache_mode, a
+// session setting, for a transaction pooler, which keeps none.
+var ErrSessionSetting = errors.New("the connection string sets plan_cache_mode, a session setting, which a transaction pooler does not keep: leave it out (every statement is planned for its parameters there)")
+
 // Pooler names what stands between the processes and Postgres
 // (DATABASE_POOLER).
 type Pooler string
@@ -145,7 +149,20 @@ func PoolConfig(dsn string, pooler Pooler) (*pgxpool.Config, error) {
 	if cfg.ConnConfig.RuntimeParams == nil {
 		cfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; set {
+	if mode, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; set {
+		// The DSN's own choice, made the way the pooler allows.
+		switch pooler {
+		case SessionPooler:
+			delete(cfg.ConnConfig.RuntimeParams, "plan_cache_mode")
+			cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+				if _, err := conn.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, false)`, mode); err != nil {
+					return fmt.Errorf("outbox: set plan_cache_mode: %w", err)
+				}
+				return nil
+			}
+		case TransactionPooler:
+			return nil, ErrSessionSetting
+		}
 		return cfg, nil
 	}
 	switch pooler {

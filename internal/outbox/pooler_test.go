@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -45,7 +46,16 @@ func TestPoolConfigPerPooler(t *testing.T) {
 			}
 		})
 	}
-	if _, err := outbox.PoolConfig("postgres://u@127.0.0.1:5432/db?plan_cache_mode=auto", outbox.SessionPooler); err != nil {
-		t.Fatal(err)
+	// A DSN's own plan_cache_mode: a startup parameter directly, a SET
+	// through a session pooler, refused for a transaction pooler.
+	const own = "postgres://u@127.0.0.1:5432/db?plan_cache_mode=auto"
+	if cfg, err := outbox.PoolConfig(own, outbox.NoPooler); err != nil || cfg.ConnConfig.RuntimeParams["plan_cache_mode"] != "auto" {
+		t.Fatalf("directly: %v, %v", cfg.ConnConfig.RuntimeParams, err)
+	}
+	if cfg, err := outbox.PoolConfig(own, outbox.SessionPooler); err != nil || cfg.ConnConfig.RuntimeParams["plan_cache_mode"] != "" || cfg.AfterConnect == nil {
+		t.Fatalf("through a session pooler: the parameter stays a startup parameter (%v, %v)", cfg.ConnConfig.RuntimeParams, err)
+	}
+	if _, err := outbox.PoolConfig(own, outbox.TransactionPooler); !errors.Is(err, outbox.ErrSessionSetting) {
+		t.Fatalf("through a transaction pooler: %v, want ErrSessionSetting", err)
 	}
 }

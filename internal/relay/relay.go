@@ -387,6 +387,10 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 	return acked, seqs, firstErr
 }
 
+// silentRetry is how long after a LISTEN that heard nothing the relay
+// tries again: a probe may have been slow (a failover's first commits).
+const silentRetry = time.Minute
+
 // errSilent is a LISTEN that did not hear the relay's own notification.
 var errSilent = errors.New("the LISTEN did not hear the relay's own notification")
 
@@ -394,14 +398,20 @@ var errSilent = errors.New("the LISTEN did not hear the relay's own notification
 // notification. It is only a hint: polling finds every row anyway, every
 // PollInterval while the LISTEN works and every PollAlone while it does
 // not. A LISTEN that hears nothing (it reaches Postgres through a
-// transaction pooler) is given up for good, and said so once.
+// transaction pooler, or its probe was slow) is said so once, and tried
+// again every silentRetry.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, poll *time.Ticker) {
 	failures := 0
+	silent := false
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx, wake, func() {
 			failures = 0
 			poll.Reset(r.cfg.PollInterval)
 			r.metrics.listening.Set(1)
+			if silent {
+				silent = false
+				r.log.InfoContext(ctx, "LISTEN hears notifications again")
+			}
 		})
 		poll.Reset(r.cfg.PollAlone)
 		r.metrics.listening.Set(0)
@@ -409,9 +419,15 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, poll *time.Tic
 			return
 		}
 		if errors.Is(err, errSilent) {
-			r.log.WarnContext(ctx, "LISTEN hears no notification (a transaction pooler between the relay and Postgres?): polling instead; set DATABASE_DIRECT_URL to a direct connection for LISTEN",
-				"poll_interval", r.cfg.PollAlone.String(), "probe", r.cfg.ListenProbe.String())
-			return
+			if !silent {
+				r.log.WarnContext(ctx, "LISTEN hears no notification (a transaction pooler between the relay and Postgres?): polling instead, and trying again now and then; set DATABASE_DIRECT_URL to a direct connection for LISTEN",
+					"poll_interval", r.cfg.PollAlone.String(), "probe", r.cfg.ListenProbe.String(), "retry_in", silentRetry.String())
+			}
+			silent = true
+			if !sleep(ctx, silentRetry) {
+				return
+			}
+			continue
 		}
 		failures++
 		d := backoff(failures)

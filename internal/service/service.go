@@ -258,8 +258,11 @@ func OpenDatabase(ctx context.Context, db Database, o Options, log *slog.Logger)
 	startCtx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
 	poolCfg, err := outbox.PoolConfig(db.URL, db.Pooler)
-	if err != nil {
+	if errors.Is(err, outbox.ErrUnparsableDSN) {
 		return nil, errUnparsable
+	}
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	poolCfg.MaxConns = max(poolCfg.MaxConns, o.MinConns)
 	if o.GenericPlans {
