@@ -281,6 +281,12 @@ type Result struct {
 	// Lookup, when set, is the lookup's answer, recorded as evidence in
 	// the same transaction.
 	Lookup *Evidence
+	// Attempt and Gen are the claim's attempt number and the row's publish
+	// generation it was made under: a write that misses its claim (a
+	// failover lost the claim) still counts the attempt it spent
+	// (countMissed), unless Refund gives it back.
+	Attempt int
+	Gen     int32
 }
 
 // Written describes a row a status write changed.
@@ -377,6 +383,9 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 	if err := refundMissed(ctx, tx, results, written); err != nil {
 		return nil, err
 	}
+	if err := countMissed(ctx, tx, results, written); err != nil {
+		return nil, err
+	}
 	if err := insertLookups(ctx, tx, results, again); err != nil {
 		return nil, err
 	}
@@ -410,6 +419,39 @@ FROM unnest($1::uuid[], $2::uuid[]) AS v(id, token) JOIN locked USING (id)
 WHERE o.id = v.id AND o.claim_id = v.token`, uuidArray(ids), uuidArray(tokens))
 	if err != nil {
 		return fmt.Errorf("outbox: give back the attempts of missed refunds: %w", err)
+	}
+	return nil
+}
+
+// countMissed counts the attempt of a result whose write missed its claim,
+// when the row does not count it (a failover lost the claim that did): the
+// attempt was made, a call or a decision that spent it, and its record is
+// in the attempts log. Only under the generation the claim was made in: a
+// replay starts the count again.
+func countMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
+	var (
+		ids      []uuid.UUID
+		attempts []int32
+		gens     []int32
+	)
+	for _, r := range results {
+		if _, applied := written[r.ID]; applied || r.Refund || r.Attempt <= 0 {
+			continue
+		}
+		ids, attempts, gens = append(ids, r.ID), append(attempts, int32(r.Attempt)), append(gens, r.Gen)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `
+WITH locked AS (
+	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE sms_outbox o SET attempt_count = v.attempt
+FROM unnest($1::uuid[], $2::int[], $3::int[]) AS v(id, attempt, gen) JOIN locked USING (id)
+WHERE o.id = v.id AND o.publish_gen = v.gen AND o.attempt_count < v.attempt`, uuidArray(ids), attempts, gens)
+	if err != nil {
+		return fmt.Errorf("outbox: count the attempts of missed writes: %w", err)
 	}
 	return nil
 }

@@ -474,10 +474,11 @@ func TestMissedWriteKeepsItsCaution(t *testing.T) {
 
 	lookupLater := func(c outbox.Claim) outbox.Result {
 		return outbox.Result{ID: c.ID, Status: outbox.StatusQueued, Error: "timeout; will be looked up", RetryIn: 10 * time.Second,
-			Token: c.Token, MaybeAccepted: true, LookupPending: true}
+			Token: c.Token, MaybeAccepted: true, LookupPending: true, Attempt: c.Attempt, Gen: c.Gen}
 	}
 	w := write(t, pool, false, lookupLater(claims[0]), lookupLater(claims[1]),
-		outbox.Result{ID: unknown, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "timeout", Token: claims[2].Token, MaybeAccepted: true},
+		outbox.Result{ID: unknown, Status: outbox.StatusUnknown, Reason: "ambiguous", Error: "timeout", Token: claims[2].Token, MaybeAccepted: true,
+			Attempt: claims[2].Attempt, Gen: claims[2].Gen},
 		lookupLater(claims[3]))
 	if len(w) != 0 {
 		t.Fatalf("fenced writes applied to rows their claims no longer hold: %v", w)
@@ -507,6 +508,22 @@ func TestMissedWriteKeepsItsCaution(t *testing.T) {
 	}
 	if r := read(sent); r.maybe || r.lookup || r.status != "sent" {
 		t.Errorf("a finished row was marked: %+v", r)
+	}
+	// The attempts the lost claims counted are counted again: their calls
+	// were made, and their records are in the attempts log.
+	var counts []int
+	rows, err := pool.Query(context.Background(), `SELECT attempt_count FROM sms_outbox WHERE id = ANY($1) ORDER BY id`, []uuid.UUID{queued, pending, unknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n int
+		_ = rows.Scan(&n)
+		counts = append(counts, n)
+	}
+	rows.Close()
+	if len(counts) != 3 || counts[0] != 1 || counts[1] != 1 || counts[2] != 1 {
+		t.Fatalf("attempt counts %v after the missed writes of attempt 1, want 1 each", counts)
 	}
 	// The redelivery's claim sees it; the queued row not before it is due.
 	if c := claimOne(t, pool, queued, uuid.New()); c.Result != outbox.Leased {

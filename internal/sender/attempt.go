@@ -149,7 +149,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	res.action, res.delay = v.action, v.delay
 	res.row = outbox.Result{
 		ID: c.ID, Status: v.status, Error: v.errText, Reason: v.reason, RetryIn: v.delay, Park: v.park,
-		Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund, LookupPending: v.lookupPending,
+		Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund, LookupPending: v.lookupPending, Attempt: c.Attempt, Gen: c.Gen,
 		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: lookup,
 	}
 	switch {
