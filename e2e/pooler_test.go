@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/sendonce/sendonce/internal/pgbouncer"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/smsstub"
-	"github.com/sendonce/sendonce/internal/testport"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -26,28 +24,13 @@ import (
 // application writes through the pooler too. 2,000 rows are sent once
 // each, and no process exits on its own.
 func TestPipelineBehindPgBouncer(t *testing.T) {
-	if _, err := pgbouncer.Bin(); err != nil {
-		t.Skip(err)
-	}
 	t.Parallel()
 	for _, mode := range []string{pgbouncer.Transaction, pgbouncer.Session} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			direct := pgtest.NewMigrated(t)
-			u, err := url.Parse(direct)
-			if err != nil {
-				t.Fatal(err)
-			}
-			port, err := testport.Pick()
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := pgbouncer.Start(context.Background(), pgbouncer.Config{Upstream: pgtest.Host(), Mode: mode, Port: port, PoolSize: 10})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(b.Stop)
-			pooled := b.URL("postgres", strings.TrimPrefix(u.Path, "/"))
+			b := pgbouncer.ForTest(t, pgbouncer.Config{Mode: mode, PoolSize: 10})
+			pooled := b.Pooled(t, direct)
 
 			srv := natstest.Start(t)
 			const apiKey = "pooler-test-key-7c1e"

@@ -13,7 +13,6 @@ import (
 	"github.com/sendonce/sendonce/internal/pgbouncer"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/testkit"
-	"github.com/sendonce/sendonce/internal/testport"
 )
 
 // Managed Postgres: the database's owner is no superuser and may not
@@ -64,23 +63,11 @@ func TestMigrateAsAnOwnerThatIsNoSuperuser(t *testing.T) {
 // through PgBouncer says which setting to set, rather than a pooler's
 // words alone.
 func TestPoolerSettingsAreNamed(t *testing.T) {
-	if _, err := pgbouncer.Bin(); err != nil {
-		t.Skip(err)
-	}
 	t.Parallel()
 	ctx := context.Background()
 	direct := pgtest.NewMigrated(t)
-	u, _ := url.Parse(direct)
-	port, err := testport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: pgtest.Host(), Mode: pgbouncer.Transaction, Port: port, PoolSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Stop)
-	pooled := b.URL("postgres", strings.TrimPrefix(u.Path, "/"))
+	b := pgbouncer.ForTest(t, pgbouncer.Config{Mode: pgbouncer.Transaction, PoolSize: 2})
+	pooled := b.Pooled(t, direct)
 
 	var out, errOut testkit.Buffer
 	env := map[string]string{"DATABASE_URL": pooled, "DATABASE_POOLER": "transaction"}
@@ -105,25 +92,13 @@ func TestPoolerSettingsAreNamed(t *testing.T) {
 // and named prepared statements fail at random later: the start is refused
 // instead, naming DATABASE_POOLER.
 func TestAPoolerThatDropsStartupParametersIsNamed(t *testing.T) {
-	if _, err := pgbouncer.Bin(); err != nil {
-		t.Skip(err)
-	}
 	t.Parallel()
 	ctx := context.Background()
 	direct := pgtest.NewMigrated(t)
-	u, _ := url.Parse(direct)
-	port, err := testport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: pgtest.Host(), Mode: pgbouncer.Transaction, Port: port, PoolSize: 2,
+	b := pgbouncer.ForTest(t, pgbouncer.Config{Mode: pgbouncer.Transaction, PoolSize: 2,
 		IgnoreStartupParameters: []string{"plan_cache_mode"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Stop)
 	var out, errOut testkit.Buffer
-	env := map[string]string{"DATABASE_URL": b.URL("postgres", strings.TrimPrefix(u.Path, "/")), "HTTP_ADDR": "127.0.0.1:0"}
+	env := map[string]string{"DATABASE_URL": b.Pooled(t, direct), "HTTP_ADDR": "127.0.0.1:0"}
 	if code := run(ctx, []string{"relay"}, testkit.EnvMap(env), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "DATABASE_POOLER") {
 		t.Fatalf("exit %d, stderr %q; want the start refused naming DATABASE_POOLER", code, errOut.String())
 	}

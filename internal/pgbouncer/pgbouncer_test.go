@@ -7,9 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sendonce/sendonce/internal/pgbouncer"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/testkit"
-	"github.com/sendonce/sendonce/internal/testport"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }
@@ -18,19 +16,8 @@ func TestMain(m *testing.M) { testkit.Main(m) }
 // reach two server sessions: what one session set, the next does not see.
 // The pooler these tests run is that pooler.
 func TestTransactionPoolingSharesNoSession(t *testing.T) {
-	if _, err := pgbouncer.Bin(); err != nil {
-		t.Skip(err)
-	}
 	ctx := context.Background()
-	port, err := testport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: pgtest.Host(), Mode: pgbouncer.Transaction, Port: port, PoolSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Stop)
+	b := pgbouncer.ForTest(t, pgbouncer.Config{Mode: pgbouncer.Transaction, PoolSize: 2})
 	cfg, err := pgx.ParseConfig(b.URL("postgres", "postgres"))
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,6 @@ import (
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/testkit"
-	"github.com/sendonce/sendonce/internal/testport"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -377,20 +376,9 @@ func TestConfigValidation(t *testing.T) {
 // relay finds out with its own notification, says so once, and polls every
 // PollAlone; rows still move.
 func TestSilentListenFallsBackToPolling(t *testing.T) {
-	if _, err := pgbouncer.Bin(); err != nil {
-		t.Skip(err)
-	}
 	t.Parallel()
 	e := setup(t)
-	port, err := testport.Pick()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := pgbouncer.Start(context.Background(), pgbouncer.Config{Upstream: pgtest.Host(), Mode: pgbouncer.Transaction, Port: port, PoolSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Stop)
+	b := pgbouncer.ForTest(t, pgbouncer.Config{Mode: pgbouncer.Transaction, PoolSize: 2})
 	listen, err := internaloutbox.ConnConfig(b.URL("postgres", e.pool.Config().ConnConfig.Database), internaloutbox.TransactionPooler)
 	if err != nil {
 		t.Fatal(err)
