@@ -97,12 +97,31 @@ func (sess *session) validCSRF(r *http.Request) bool {
 	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(sess.csrf)) == 1
 }
 
-// limiter slows down password guessing: after Free failed logins from one
-// address, or for one user name, each further try waits twice as long as
-// the last, up to a quarter of an hour. A success clears the name's count.
+// limiter slows down password guessing. Failures count per pair of a name
+// and a client address: after loginFree of them, each further try of that
+// name from that address waits twice as long as the last, 2 s up to a
+// quarter of an hour; a success clears the pair. Nothing else refuses a
+// login: a name's failures from other addresses, or an address's failures
+// with other names, never make a name wait at an address where it has not
+// failed, so a stranger cannot lock an operator out, whether from
+// elsewhere or from behind the same proxy. They only make guessing
+// costlier where it goes on: once an address has failed loginSuspect
+// times (with any names), or a user's name loginSuspect times (from any
+// addresses), within loginForget of each other, the pairs of that address
+// or that name wait from their first failure.
 type limiter struct {
-	mu sync.Mutex
-	m  map[string]*strikes
+	mu    sync.Mutex
+	addrs map[string]*addrStrikes
+	// names counts the failures of known users' names, from every address
+	// (a table as long as the users file).
+	names map[string]*strikes
+}
+
+// addrStrikes are an address's failures, with any name, and those of each
+// name it failed with.
+type addrStrikes struct {
+	strikes
+	names map[string]*strikes
 }
 
 type strikes struct {
@@ -113,52 +132,86 @@ type strikes struct {
 
 const (
 	loginFree     = 5
+	loginSuspect  = 20
 	loginFirstGap = 2 * time.Second
 	loginMaxGap   = 15 * time.Minute
 	loginForget   = time.Hour
-	loginKeys     = 100_000
 )
 
-func newLimiter() *limiter { return &limiter{m: map[string]*strikes{}} }
-
-// wait returns how long key must wait before its next try (0: now).
-func (l *limiter) wait(key string, now time.Time) time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := l.m[key]
-	if s == nil || !now.Before(s.until) {
-		return 0
-	}
-	return s.until.Sub(now)
+func newLimiter() *limiter {
+	return &limiter{addrs: map[string]*addrStrikes{}, names: map[string]*strikes{}}
 }
 
-func (l *limiter) fail(key string, now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.m) >= loginKeys {
-		for k, s := range l.m {
-			if now.Sub(s.last) > loginForget {
-				delete(l.m, k)
-			}
-		}
-	}
-	s := l.m[key]
-	if s == nil || now.Sub(s.last) > loginForget {
-		s = &strikes{}
-		l.m[key] = s
+// count records a failure at now; a count silent for loginForget starts
+// over.
+func (s *strikes) count(now time.Time) {
+	if now.Sub(s.last) > loginForget {
+		*s = strikes{}
 	}
 	s.fails++
 	s.last = now
-	if s.fails >= loginFree {
-		gap := loginFirstGap << min(s.fails-loginFree, 20)
-		s.until = now.Add(min(gap, loginMaxGap))
+}
+
+// wait returns how long name must wait before its next try from addr (0:
+// now).
+func (l *limiter) wait(name, addr string, now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.addrs[addr]
+	if a == nil {
+		return 0
+	}
+	p := a.names[name]
+	if p == nil || !now.Before(p.until) {
+		return 0
+	}
+	return p.until.Sub(now)
+}
+
+// fail records a failed login of name from addr; known says whether name
+// is a user's.
+func (l *limiter) fail(name, addr string, known bool, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.addrs[addr]
+	if a == nil {
+		a = &addrStrikes{names: map[string]*strikes{}}
+		l.addrs[addr] = a
+	}
+	a.count(now)
+	suspect := a.fails >= loginSuspect
+	if known {
+		n := l.names[name]
+		if n == nil {
+			n = &strikes{}
+			l.names[name] = n
+		}
+		n.count(now)
+		suspect = suspect || n.fails >= loginSuspect
+	}
+	p := a.names[name]
+	if p == nil {
+		p = &strikes{}
+		a.names[name] = p
+	}
+	p.count(now)
+	free := loginFree
+	if suspect {
+		free = 1
+	}
+	if p.fails >= free {
+		gap := loginFirstGap << min(p.fails-free, 20)
+		p.until = now.Add(min(gap, loginMaxGap))
 	}
 }
 
-func (l *limiter) clear(key string) {
+// clear forgets the failures of name from addr, after its success there.
+func (l *limiter) clear(name, addr string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.m, key)
+	if a := l.addrs[addr]; a != nil {
+		delete(a.names, name)
+	}
 }
 
 // remoteIP is the client's address as this process sees it (a proxy's

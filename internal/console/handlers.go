@@ -94,7 +94,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	name, password := r.PostFormValue("username"), r.PostFormValue("password")
 	now, ip := c.now(), remoteIP(r)
-	if wait := max(c.limiter.wait("ip:"+ip, now), c.limiter.wait("user:"+name, now)); wait > 0 {
+	if wait := c.limiter.wait(name, ip, now); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
 		c.render(w, http.StatusTooManyRequests, "login", page{Title: "Log in", Data: loginView{
 			Error: fmt.Sprintf("Too many failed logins: try again in %s.", wait.Round(time.Second)), Username: name}})
@@ -102,11 +102,11 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	u, ok := authenticate(c.users, name, password)
 	if !ok {
-		c.limiter.fail("ip:"+ip, now)
-		c.limiter.fail("user:"+name, now)
 		// A name nobody has may be a password typed in the wrong box.
+		_, known := c.users[name]
+		c.limiter.fail(name, ip, known, now)
 		logged := "(unknown)"
-		if _, known := c.users[name]; known {
+		if known {
 			logged = name
 		}
 		c.log.WarnContext(r.Context(), "console: login failed", "user", logged, "remote", ip)
@@ -114,7 +114,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 			Error: "Wrong user name or password.", Username: name}})
 		return
 	}
-	c.limiter.clear("user:" + name)
+	c.limiter.clear(name, ip)
 	s := c.sessions.create(u, now)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: s.token, Path: "/", MaxAge: int(c.cfg.SessionTTL.Seconds()),

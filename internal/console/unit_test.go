@@ -1,6 +1,7 @@
 package console
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -80,41 +81,85 @@ func TestUserLine(t *testing.T) {
 	}
 }
 
-// After loginFree failures a key waits, twice as long after each further
-// failure, up to the cap; clearing it lets it in at once.
+// After loginFree failures a name waits at an address, twice as long after
+// each further failure, up to the cap; clearing it lets it in at once.
+// Nobody else waits: not the name elsewhere, not another name there.
 func TestLimiter(t *testing.T) {
 	t.Parallel()
 	l := newLimiter()
 	now := time.Unix(1_000_000, 0)
 	for i := range loginFree - 1 {
-		l.fail("k", now)
-		if w := l.wait("k", now); w != 0 {
+		l.fail("alice", "a", true, now)
+		if w := l.wait("alice", "a", now); w != 0 {
 			t.Fatalf("after %d failures: wait %s", i+1, w)
 		}
 	}
-	l.fail("k", now)
-	if w := l.wait("k", now); w != loginFirstGap {
+	l.fail("alice", "a", true, now)
+	if w := l.wait("alice", "a", now); w != loginFirstGap {
 		t.Fatalf("after %d failures: wait %s, want %s", loginFree, w, loginFirstGap)
 	}
-	l.fail("k", now)
-	if w := l.wait("k", now); w != 2*loginFirstGap {
+	l.fail("alice", "a", true, now)
+	if w := l.wait("alice", "a", now); w != 2*loginFirstGap {
 		t.Fatalf("one more: wait %s, want %s", w, 2*loginFirstGap)
 	}
 	for range 40 {
-		l.fail("k", now)
+		l.fail("alice", "a", true, now)
 	}
-	if w := l.wait("k", now); w != loginMaxGap {
+	if w := l.wait("alice", "a", now); w != loginMaxGap {
 		t.Fatalf("many: wait %s, want the cap %s", w, loginMaxGap)
 	}
-	if w := l.wait("k", now.Add(loginMaxGap)); w != 0 {
+	if w := l.wait("alice", "a", now.Add(loginMaxGap)); w != 0 {
 		t.Fatalf("after the gap: wait %s", w)
 	}
-	if w := l.wait("other", now); w != 0 {
-		t.Fatalf("another key waits %s", w)
+	if w := l.wait("alice", "b", now); w != 0 {
+		t.Fatalf("alice waits %s at another address", w)
 	}
-	l.clear("k")
-	if w := l.wait("k", now); w != 0 {
+	if w := l.wait("bob", "a", now); w != 0 {
+		t.Fatalf("bob waits %s at the guessing address", w)
+	}
+	l.clear("alice", "a")
+	if w := l.wait("alice", "a", now); w != 0 {
 		t.Fatalf("after clear: wait %s", w)
+	}
+}
+
+// Once an address has failed loginSuspect times with any names, a name
+// that fails there waits from its first failure; a name that has not
+// failed there never waits. Likewise for a user's name failing from
+// loginSuspect addresses.
+func TestLimiterSuspects(t *testing.T) {
+	t.Parallel()
+	l := newLimiter()
+	now := time.Unix(1_000_000, 0)
+	for i := range loginSuspect {
+		l.fail(fmt.Sprintf("user%d", i), "spray", false, now)
+	}
+	if w := l.wait("bob", "spray", now); w != 0 {
+		t.Fatalf("bob waits %s at the spraying address before any failure", w)
+	}
+	l.fail("bob", "spray", true, now)
+	if w := l.wait("bob", "spray", now); w != loginFirstGap {
+		t.Fatalf("bob's first failure at the spraying address: wait %s, want %s", w, loginFirstGap)
+	}
+	if w := l.wait("bob", "home", now); w != 0 {
+		t.Fatalf("bob waits %s at home", w)
+	}
+
+	for i := range loginSuspect {
+		l.fail("alice", fmt.Sprintf("bot%d", i), true, now)
+	}
+	if w := l.wait("alice", "office", now); w != 0 {
+		t.Fatalf("alice waits %s at the office before any failure", w)
+	}
+	l.fail("alice", "office", true, now)
+	if w := l.wait("alice", "office", now); w != loginFirstGap {
+		t.Fatalf("alice's first failure after a distributed guess: wait %s, want %s", w, loginFirstGap)
+	}
+	// An hour later the counts start over.
+	later := now.Add(loginForget + time.Second)
+	l.fail("alice", "office", true, later)
+	if w := l.wait("alice", "office", later); w != 0 {
+		t.Fatalf("an hour later, one failure: wait %s", w)
 	}
 }
 

@@ -1,0 +1,74 @@
+package console_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clientFrom is a client whose connections come from the loopback address
+// ip (any of 127.0.0.0/8 on Linux), as another host's would.
+func (f *fixture) clientFrom(ip string) *http.Client {
+	c := f.client()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 10 * time.Second}
+	c.Transport = &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}
+	return c
+}
+
+// try posts a login and returns its status code; forwarded, if not empty,
+// is sent as X-Forwarded-For.
+func (f *fixture) try(c *http.Client, name, password, forwarded string) int {
+	f.t.Helper()
+	req, err := http.NewRequest("POST", f.srv.URL+"/login", stringsReader(url.Values{"username": {name}, "password": {password}}.Encode()))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if forwarded != "" {
+		req.Header.Set("X-Forwarded-For", forwarded)
+	}
+	res, err := c.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// Failed logins count against the name from one address: a stranger's
+// failures elsewhere never refuse alice's right password, and failures
+// with many names from one address never refuse victor's, there or
+// elsewhere, while the guesser's own pair waits.
+func TestFailedLoginsElsewhereDoNotLockOutAUser(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	stranger := f.clientFrom("127.0.0.2")
+	for i := range 8 {
+		if got := f.try(stranger, "alice", fmt.Sprintf("guess %d", i), ""); got != http.StatusUnauthorized && got != http.StatusTooManyRequests {
+			t.Fatalf("guess %d: %d", i, got)
+		}
+	}
+	if got := f.try(stranger, "alice", operatorPassword, ""); got != http.StatusTooManyRequests {
+		t.Errorf("alice's password from the guessing address: %d, want 429 (the pair waits)", got)
+	}
+	if got := f.try(f.clientFrom("127.0.0.3"), "alice", operatorPassword, ""); got != http.StatusSeeOther {
+		t.Errorf("alice's password from another address: %d, want 303", got)
+	}
+
+	sprayer := f.clientFrom("127.0.0.4")
+	for i := range 25 {
+		f.try(sprayer, fmt.Sprintf("user%02d", i), "spring2026", "")
+	}
+	if got := f.try(sprayer, "victor", viewerPassword, ""); got != http.StatusSeeOther {
+		t.Errorf("victor's password from the spraying address, no failure of his: %d, want 303", got)
+	}
+	if got := f.try(f.clientFrom("127.0.0.5"), "victor", viewerPassword, ""); got != http.StatusSeeOther {
+		t.Errorf("victor's password from another address: %d, want 303", got)
+	}
+}
+
+func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
