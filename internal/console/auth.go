@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -212,16 +211,6 @@ func (l *limiter) clear(name, addr string) {
 	if a := l.addrs[addr]; a != nil {
 		delete(a.names, name)
 	}
-}
-
-// remoteIP is the client's address as this process sees it (a proxy's
-// forwarding headers are not trusted).
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 // dummyHash is compared against when the user name is unknown, so a wrong

@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -82,6 +83,12 @@ type Config struct {
 	// PageSize is how many dead letters a page lists, and a bound of one
 	// replay's selection; default DefaultPageSize.
 	PageSize int
+	// TrustedProxies are the proxies (addresses and prefixes) whose
+	// X-Forwarded-For names the client: for a request from one of them,
+	// the client is the right-most address of that header that is not a
+	// trusted proxy. Without them the client is the direct peer, and the
+	// header is ignored.
+	TrustedProxies []netip.Prefix
 	// MaxSessions bounds the sessions kept at once (the oldest goes first);
 	// default 10,000.
 	MaxSessions int

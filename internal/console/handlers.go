@@ -39,7 +39,7 @@ func (c *Console) authed(h func(http.ResponseWriter, *http.Request, *session)) h
 		if r.Method == http.MethodPost {
 			r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 			if !s.validCSRF(r) {
-				c.log.WarnContext(r.Context(), "console: request without a valid csrf token refused", "user", s.user.Name, "path", r.URL.Path, "remote", remoteIP(r))
+				c.log.WarnContext(r.Context(), "console: request without a valid csrf token refused", "user", s.user.Name, "path", r.URL.Path, "remote", c.remote(r))
 				c.fail(w, r, s, http.StatusForbidden, "This form is stale or did not come from the console (missing or wrong CSRF token). Reload the page and try again.")
 				return
 			}
@@ -52,7 +52,7 @@ func (c *Console) authed(h func(http.ResponseWriter, *http.Request, *session)) h
 func (c *Console) operator(h func(http.ResponseWriter, *http.Request, *session)) func(http.ResponseWriter, *http.Request, *session) {
 	return func(w http.ResponseWriter, r *http.Request, s *session) {
 		if s.user.Role != RoleOperator {
-			c.log.WarnContext(r.Context(), "console: viewer's replay refused", "user", s.user.Name, "remote", remoteIP(r))
+			c.log.WarnContext(r.Context(), "console: viewer's replay refused", "user", s.user.Name, "remote", c.remote(r))
 			c.fail(w, r, s, http.StatusForbidden, "Only an operator may replay.")
 			return
 		}
@@ -93,8 +93,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, password := r.PostFormValue("username"), r.PostFormValue("password")
-	now, ip := c.now(), remoteIP(r)
-	if wait := c.limiter.wait(name, ip, now); wait > 0 {
+	now, ip, key := c.now(), c.remote(r), c.throttleKey(r)
+	if wait := c.limiter.wait(name, key, now); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
 		c.render(w, http.StatusTooManyRequests, "login", page{Title: "Log in", Data: loginView{
 			Error: fmt.Sprintf("Too many failed logins: try again in %s.", wait.Round(time.Second)), Username: name}})
@@ -104,7 +104,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		// A name nobody has may be a password typed in the wrong box.
 		_, known := c.users[name]
-		c.limiter.fail(name, ip, known, now)
+		c.limiter.fail(name, key, known, now)
 		logged := "(unknown)"
 		if known {
 			logged = name
@@ -114,7 +114,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 			Error: "Wrong user name or password.", Username: name}})
 		return
 	}
-	c.limiter.clear(name, ip)
+	c.limiter.clear(name, key)
 	s := c.sessions.create(u, now)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: s.token, Path: "/", MaxAge: int(c.cfg.SessionTTL.Seconds()),
@@ -460,7 +460,7 @@ func (c *Console) replayLetters(ctx context.Context, r *http.Request, s *session
 		if dryRun {
 			return nil
 		}
-		audit = outbox.ConsoleReplay{User: s.user.Name, Role: string(s.user.Role), Requested: ids, Remote: remoteIP(r)}
+		audit = outbox.ConsoleReplay{User: s.user.Name, Role: string(s.user.Role), Requested: ids, Remote: c.remote(r)}
 		for _, res := range results {
 			if res.Replayed {
 				audit.Replayed = append(audit.Replayed, res.ID)

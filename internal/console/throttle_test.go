@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/console"
 )
 
 // clientFrom is a client whose connections come from the loopback address
@@ -72,3 +75,39 @@ func TestFailedLoginsElsewhereDoNotLockOutAUser(t *testing.T) {
 }
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
+
+// Behind a trusted proxy failed logins count against the client that
+// X-Forwarded-For names (its right-most address not a trusted proxy), so
+// clients sharing the proxy do not share a throttle; a peer that is not
+// a trusted proxy cannot choose its address by sending the header.
+func TestForwardedForFromATrustedProxyNamesTheClient(t *testing.T) {
+	t.Parallel()
+	f := setupWith(t, func(c *console.Config) {
+		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("10.0.0.0/8")}
+	})
+	proxy := f.clientFrom("127.0.0.1")
+	for i := range 6 {
+		// The guesser forges an address on the left; the proxies append.
+		f.try(proxy, "alice", fmt.Sprintf("guess %d", i), "192.0.2.77, 198.51.100.7, 10.1.2.3")
+	}
+	if got := f.try(proxy, "alice", operatorPassword, "198.51.100.7"); got != http.StatusTooManyRequests {
+		t.Errorf("alice's password from the guesser's address through the proxy: %d, want 429", got)
+	}
+	for _, other := range []string{"198.51.100.8", "192.0.2.77"} {
+		if got := f.try(proxy, "alice", operatorPassword, other); got != http.StatusSeeOther {
+			t.Errorf("alice's password from %s through the proxy: %d, want 303", other, got)
+		}
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, `"remote":"198.51.100.7"`) {
+		t.Errorf("the failed logins are not logged with the client's address:\n%s", logs)
+	}
+
+	// A peer that is not a trusted proxy: the header is ignored.
+	direct := f.clientFrom("127.0.0.2")
+	for i := range 6 {
+		f.try(direct, "victor", fmt.Sprintf("guess %d", i), fmt.Sprintf("203.0.113.%d", i))
+	}
+	if got := f.try(direct, "victor", viewerPassword, "203.0.113.200"); got != http.StatusTooManyRequests {
+		t.Errorf("victor's password from the guessing peer with a new X-Forwarded-For: %d, want 429", got)
+	}
+}

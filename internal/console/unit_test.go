@@ -2,6 +2,7 @@ package console
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -282,5 +283,43 @@ func TestTimelineMergesEvidenceWithAttempts(t *testing.T) {
 	}
 	if v.Receipts() != 2 || v.Lookups() != 1 {
 		t.Errorf("counted %d receipts and %d lookups", v.Receipts(), v.Lookups())
+	}
+}
+
+func TestClientAddr(t *testing.T) {
+	t.Parallel()
+	proxies, err := ParseTrustedProxies("10.0.0.0/8, 192.0.2.1 ::ffff:172.16.0.0/108,2001:db8::/32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Console{cfg: Config{TrustedProxies: proxies}}
+	for _, tt := range []struct {
+		peer, xff, want, key string
+	}{
+		{"203.0.113.5:4000", "198.51.100.1", "203.0.113.5", "203.0.113.5"},                    // not a proxy: the header is ignored
+		{"10.1.1.1:4000", "", "10.1.1.1", "10.1.1.1"},                                         // a proxy without the header
+		{"10.1.1.1:4000", "198.51.100.1", "198.51.100.1", "198.51.100.1"},                     // one proxy
+		{"10.1.1.1:4000", "6.6.6.6, 198.51.100.1, 192.0.2.1", "198.51.100.1", "198.51.100.1"}, // two proxies; a forged left part
+		{"[::ffff:10.1.1.1]:4000", "198.51.100.1", "198.51.100.1", "198.51.100.1"},            // a mapped peer
+		{"172.16.3.3:4000", "::ffff:198.51.100.2", "198.51.100.2", "198.51.100.2"},            // a mapped prefix and client
+		{"10.1.1.1:4000", "not-an-address, 10.2.2.2", "10.2.2.2", "10.2.2.2"},                 // the chain ends at garbage
+		{"10.1.1.1:4000", "[2001:db9::1]:443", "2001:db9::1", "2001:db9::/64"},                // with a port; IPv6 keyed by /64
+		{"[2001:db8::5]:4000", "2001:db9:1:2:3:4:5:6", "2001:db9:1:2:3:4:5:6", "2001:db9:1:2::/64"},
+	} {
+		r := &http.Request{RemoteAddr: tt.peer, Header: http.Header{}}
+		if tt.xff != "" {
+			r.Header.Set("X-Forwarded-For", tt.xff)
+		}
+		if got := c.remote(r); got != tt.want {
+			t.Errorf("peer %s, X-Forwarded-For %q: client %s, want %s", tt.peer, tt.xff, got, tt.want)
+		}
+		if got := c.throttleKey(r); got != tt.key {
+			t.Errorf("peer %s, X-Forwarded-For %q: key %s, want %s", tt.peer, tt.xff, got, tt.key)
+		}
+	}
+	for _, bad := range []string{"proxy.example", "10.0.0.0/33", "10.0.0.1/8/1", "fe80::1%eth0"} {
+		if _, err := ParseTrustedProxies(bad); err == nil {
+			t.Errorf("ParseTrustedProxies(%q) accepted", bad)
+		}
 	}
 }
