@@ -108,12 +108,27 @@ func (sess *session) validCSRF(r *http.Request) bool {
 // times (with any names), or a user's name loginSuspect times (from any
 // addresses), within loginForget of each other, the pairs of that address
 // or that name wait from their first failure.
+//
+// Its tables are bounded: a name is checked against the users file's
+// pattern before it gets here; an address keeps the pairs of at most
+// maxPerAddr names, the whole table at most maxEntries pairs and
+// addresses, and entries silent for loginForget are swept away. When a
+// table is full the entry that goes is the least penalized one, the one
+// whose wait ends first (a stale one before all): evicting a pair only
+// ever lets its name try again sooner, so to get rid of a penalty by
+// flooding, a guesser must first fill the table with entries penalized
+// longer than it.
 type limiter struct {
 	mu    sync.Mutex
 	addrs map[string]*addrStrikes
 	// names counts the failures of known users' names, from every address
 	// (a table as long as the users file).
 	names map[string]*strikes
+	// pairs is how many pairs the addresses hold.
+	pairs      int
+	maxPerAddr int
+	maxEntries int
+	swept      time.Time
 }
 
 // addrStrikes are an address's failures, with any name, and those of each
@@ -135,10 +150,112 @@ const (
 	loginFirstGap = 2 * time.Second
 	loginMaxGap   = 15 * time.Minute
 	loginForget   = time.Hour
+	// loginPerAddr and loginEntries bound the throttle's table: some
+	// 200 bytes an entry, so 4 MB at most.
+	loginPerAddr  = 64
+	loginEntries  = 20_000
+	loginSweepGap = time.Minute
 )
 
 func newLimiter() *limiter {
-	return &limiter{addrs: map[string]*addrStrikes{}, names: map[string]*strikes{}}
+	return &limiter{addrs: map[string]*addrStrikes{}, names: map[string]*strikes{},
+		maxPerAddr: loginPerAddr, maxEntries: loginEntries}
+}
+
+// stale reports whether s has been silent for loginForget (its wait, at
+// most loginMaxGap, is over by then).
+func (s *strikes) stale(now time.Time) bool { return now.Sub(s.last) > loginForget }
+
+// sweep drops the stale entries.
+func (l *limiter) sweep(now time.Time) {
+	l.swept = now
+	for k, a := range l.addrs {
+		for n, p := range a.names {
+			if p.stale(now) {
+				delete(a.names, n)
+				l.pairs--
+			}
+		}
+		if len(a.names) == 0 && a.stale(now) {
+			delete(l.addrs, k)
+		}
+	}
+	for n, s := range l.names {
+		if s.stale(now) {
+			delete(l.names, n)
+		}
+	}
+}
+
+// penalty orders entries for eviction: a stale entry first, then the one
+// whose wait ends first, then the one that failed longest ago.
+func penalty(s *strikes, now time.Time) (bool, time.Time, time.Time) {
+	return !s.stale(now), s.until, s.last
+}
+
+func lessPenalized(a, b *strikes, now time.Time) bool {
+	al, au, at := penalty(a, now)
+	bl, bu, bt := penalty(b, now)
+	if al != bl {
+		return !al
+	}
+	if !au.Equal(bu) {
+		return au.Before(bu)
+	}
+	return at.Before(bt)
+}
+
+// evictFrom drops the least penalized pair of a.
+func (l *limiter) evictFrom(a *addrStrikes, now time.Time) {
+	var victim string
+	var vs *strikes
+	for n, p := range a.names {
+		if vs == nil || lessPenalized(p, vs, now) {
+			victim, vs = n, p
+		}
+	}
+	if vs != nil {
+		delete(a.names, victim)
+		l.pairs--
+	}
+}
+
+// evict drops the least penalized pair of the whole table, with its
+// address if that has no pair left; an address without pairs goes first.
+func (l *limiter) evict(now time.Time) {
+	var va string
+	var vs *strikes
+	for k, a := range l.addrs {
+		if len(a.names) == 0 {
+			delete(l.addrs, k)
+			return
+		}
+		for _, p := range a.names {
+			if vs == nil || lessPenalized(p, vs, now) {
+				va, vs = k, p
+			}
+		}
+	}
+	if vs == nil {
+		return
+	}
+	a := l.addrs[va]
+	for n, p := range a.names {
+		if p == vs {
+			delete(a.names, n)
+			l.pairs--
+		}
+	}
+	if len(a.names) == 0 {
+		delete(l.addrs, va)
+	}
+}
+
+// size returns how many addresses, pairs and names the tables hold.
+func (l *limiter) size() (addrs, pairs, names int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.addrs), l.pairs, len(l.names)
 }
 
 // count records a failure at now; a count silent for loginForget starts
@@ -172,10 +289,22 @@ func (l *limiter) wait(name, addr string, now time.Time) time.Duration {
 func (l *limiter) fail(name, addr string, known bool, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if now.Sub(l.swept) > loginSweepGap {
+		l.sweep(now)
+	}
 	a := l.addrs[addr]
-	if a == nil {
-		a = &addrStrikes{names: map[string]*strikes{}}
-		l.addrs[addr] = a
+	if a == nil || a.names[name] == nil {
+		// A new entry: make room first.
+		for l.pairs+len(l.addrs)+2 > l.maxEntries && len(l.addrs) > 0 {
+			l.evict(now)
+		}
+		if a = l.addrs[addr]; a == nil {
+			a = &addrStrikes{names: map[string]*strikes{}}
+			l.addrs[addr] = a
+		}
+		if len(a.names) >= l.maxPerAddr {
+			l.evictFrom(a, now)
+		}
 	}
 	a.count(now)
 	suspect := a.fails >= loginSuspect
@@ -192,6 +321,7 @@ func (l *limiter) fail(name, addr string, known bool, now time.Time) {
 	if p == nil {
 		p = &strikes{}
 		a.names[name] = p
+		l.pairs++
 	}
 	p.count(now)
 	free := loginFree
@@ -208,8 +338,9 @@ func (l *limiter) fail(name, addr string, known bool, now time.Time) {
 func (l *limiter) clear(name, addr string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if a := l.addrs[addr]; a != nil {
+	if a := l.addrs[addr]; a != nil && a.names[name] != nil {
 		delete(a.names, name)
+		l.pairs--
 	}
 }
 

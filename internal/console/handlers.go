@@ -86,14 +86,34 @@ func sameOrigin(r *http.Request) bool {
 // loginView is the login page's data.
 type loginView struct{ Error, Username string }
 
+// maxLoginForm bounds a login's body: a name is at most 64 bytes, and
+// bcrypt reads no more than 72 of a password.
+const maxLoginForm = 4 << 10
+
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+	r.Body = http.MaxBytesReader(w, r.Body, maxLoginForm)
 	if !sameOrigin(r) {
 		c.fail(w, r, nil, http.StatusForbidden, "A login must come from the console's own page.")
 		return
 	}
+	if err := r.ParseForm(); err != nil {
+		if _, big := errors.AsType[*http.MaxBytesError](err); big {
+			c.fail(w, r, nil, http.StatusRequestEntityTooLarge, "A login form is at most 4 KiB.")
+			return
+		}
+		c.fail(w, r, nil, http.StatusBadRequest, "The login form could not be read.")
+		return
+	}
 	name, password := r.PostFormValue("username"), r.PostFormValue("password")
 	now, ip, key := c.now(), c.remote(r), c.throttleKey(r)
+	if !userName.MatchString(name) {
+		// No user has such a name: refused before it reaches the
+		// throttle, a log line or the page.
+		c.log.WarnContext(r.Context(), "console: login failed", "user", "(invalid)", "remote", ip)
+		c.render(w, http.StatusUnauthorized, "login", page{Title: "Log in", Data: loginView{
+			Error: "Wrong user name or password."}})
+		return
+	}
 	if wait := c.limiter.wait(name, key, now); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
 		c.render(w, http.StatusTooManyRequests, "login", page{Title: "Log in", Data: loginView{

@@ -111,3 +111,35 @@ func TestForwardedForFromATrustedProxyNamesTheClient(t *testing.T) {
 		t.Errorf("victor's password from the guessing peer with a new X-Forwarded-For: %d, want 429", got)
 	}
 }
+
+// What a client sends before it is authenticated is bounded: a login
+// form over 4 KiB is refused (413), and a name that no users file could
+// hold (the file's pattern: 1 to 64 of A-Z a-z 0-9 . _ @ -) is refused
+// before it reaches the throttle, the log or the page.
+func TestLoginInputIsBounded(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	c := f.clientFrom("127.0.0.6")
+	huge := strings.Repeat("a", 1<<19)
+	for range 3 {
+		if got := f.try(c, huge, "guess", ""); got != http.StatusRequestEntityTooLarge {
+			t.Fatalf("a 512 KiB name: %d, want 413", got)
+		}
+	}
+	for _, name := range []string{strings.Repeat("b", 65), "al ice", "<script>", "alice\x00", ""} {
+		if got := f.try(c, name, "guess", ""); got != http.StatusUnauthorized {
+			t.Errorf("name %q: %d, want 401", name, got)
+		}
+	}
+	if addrs, pairs, names := f.con.ThrottleSize(); addrs+pairs+names != 0 {
+		t.Fatalf("the throttle holds %d addresses, %d pairs, %d names after invalid names", addrs, pairs, names)
+	}
+	if logs := f.logs.String(); strings.Contains(logs, "bbbbbbbbbb") || strings.Contains(logs, "al ice") || strings.Contains(logs, "aaaaaaaaaa") {
+		t.Fatal("an invalid name was logged")
+	}
+	// A valid name counts.
+	f.try(c, "mallory", "guess", "")
+	if addrs, pairs, _ := f.con.ThrottleSize(); addrs != 1 || pairs != 1 {
+		t.Fatalf("after one failure: %d addresses, %d pairs", addrs, pairs)
+	}
+}

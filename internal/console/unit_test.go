@@ -323,3 +323,46 @@ func TestClientAddr(t *testing.T) {
 		}
 	}
 }
+
+// The throttle's table is bounded per address and overall, and forgets
+// silent entries; flooding it evicts the least penalized entries, never
+// a pair that waits longer than the newcomers.
+func TestLimiterTablesAreBounded(t *testing.T) {
+	t.Parallel()
+	l := newLimiter()
+	l.maxPerAddr, l.maxEntries = 8, 50
+	now := time.Unix(1_000_000, 0)
+	for range 12 {
+		l.fail("alice", "a", true, now)
+	}
+	penalty := l.wait("alice", "a", now)
+	if penalty < time.Minute {
+		t.Fatalf("alice waits %s after 12 failures", penalty)
+	}
+	// One address, many names.
+	for i := range 1000 {
+		l.fail(fmt.Sprintf("user%d", i), "a", false, now)
+	}
+	if n := len(l.addrs["a"].names); n > l.maxPerAddr {
+		t.Fatalf("address a holds %d pairs, cap %d", n, l.maxPerAddr)
+	}
+	if w := l.wait("alice", "a", now); w != penalty {
+		t.Fatalf("after 1000 other names at a, alice waits %s there, want %s", w, penalty)
+	}
+	// Many addresses.
+	for i := range 1000 {
+		l.fail("mallory", fmt.Sprintf("b%d", i), false, now)
+	}
+	if addrs, pairs, names := l.size(); addrs+pairs > l.maxEntries || names != 1 {
+		t.Fatalf("%d addresses and %d pairs, cap %d; %d names", addrs, pairs, l.maxEntries, names)
+	}
+	if w := l.wait("alice", "a", now); w != penalty {
+		t.Fatalf("after 1000 other addresses, alice waits %s at a, want %s", w, penalty)
+	}
+	// An hour of silence later everything old is swept.
+	later := now.Add(loginForget + loginSweepGap + time.Second)
+	l.fail("bob", "c", true, later)
+	if addrs, pairs, names := l.size(); addrs != 1 || pairs != 1 || names != 1 {
+		t.Fatalf("after an hour: %d addresses, %d pairs, %d names; want only bob's", addrs, pairs, names)
+	}
+}
