@@ -344,19 +344,36 @@ func (l *limiter) clear(name, addr string) {
 	}
 }
 
-// dummyHash is compared against when the user name is unknown, so a wrong
-// name takes as long as a wrong password.
-var dummyHash = sync.OnceValue(func() []byte {
-	h, _ := bcrypt.GenerateFromPassword([]byte("no such user; this hash only spends time"), MinCost)
+// dummyHash returns the hash compared against when a name is unknown, so
+// that a wrong name takes as long as a wrong password: one of the highest
+// cost among users (MinCost if none has a readable cost). Users of a
+// lower cost answer faster than an unknown name; give every user the
+// same cost (relay console user prints MinCost).
+func dummyHash(users []User) []byte {
+	cost := 0
+	for _, u := range users {
+		if c, err := bcrypt.Cost(u.Hash); err == nil {
+			cost = max(cost, c)
+		}
+	}
+	if cost == 0 {
+		cost = MinCost
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte("no such user; this hash only spends time"), cost)
+	if err != nil {
+		// Only a cost beyond bcrypt's range, which no hash has.
+		panic(err)
+	}
 	return h
-})
+}
 
-// authenticate checks a name and a password against users.
-func authenticate(users map[string]User, name, password string) (User, bool) {
+// authenticate checks a name and a password against users; dummy is
+// dummyHash(users).
+func authenticate(users map[string]User, dummy []byte, name, password string) (User, bool) {
 	u, ok := users[name]
 	hash := u.Hash
 	if !ok {
-		hash = dummyHash()
+		hash = dummy
 	}
 	if bcrypt.CompareHashAndPassword(hash, []byte(password)) != nil || !ok {
 		return User{}, false

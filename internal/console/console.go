@@ -113,6 +113,7 @@ type Console struct {
 	cfg      Config
 	log      *slog.Logger
 	users    map[string]User
+	dummy    []byte
 	sessions *sessions
 	limiter  *limiter
 	pages    map[string]*template.Template
@@ -148,6 +149,7 @@ func New(cfg Config) (*Console, error) {
 	for _, u := range cfg.Users {
 		c.users[u.Name] = u
 	}
+	c.dummy = dummyHash(cfg.Users)
 	var err error
 	if c.pages, err = parsePages(); err != nil {
 		return nil, err

@@ -1,5 +1,17 @@
 package console
 
+import "golang.org/x/crypto/bcrypt"
+
 // ThrottleSize returns how many addresses, (name, address) pairs and
 // names the login throttle holds.
 func (c *Console) ThrottleSize() (addrs, pairs, names int) { return c.limiter.size() }
+
+// DummyHashCost is the bcrypt cost of the hash an unknown name is
+// compared against.
+func (c *Console) DummyHashCost() int {
+	cost, err := bcrypt.Cost(c.dummy)
+	if err != nil {
+		panic(err)
+	}
+	return cost
+}

@@ -120,7 +120,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 			Error: fmt.Sprintf("Too many failed logins: try again in %s.", wait.Round(time.Second)), Username: name}})
 		return
 	}
-	u, ok := authenticate(c.users, name, password)
+	u, ok := authenticate(c.users, c.dummy, name, password)
 	if !ok {
 		// A name nobody has may be a password typed in the wrong box.
 		_, known := c.users[name]

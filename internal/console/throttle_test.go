@@ -6,9 +6,12 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sendonce/sendonce/internal/console"
 )
@@ -141,5 +144,25 @@ func TestLoginInputIsBounded(t *testing.T) {
 	f.try(c, "mallory", "guess", "")
 	if addrs, pairs, _ := f.con.ThrottleSize(); addrs != 1 || pairs != 1 {
 		t.Fatalf("after one failure: %d addresses, %d pairs", addrs, pairs)
+	}
+}
+
+// An unknown name is compared against a hash of the highest cost in the
+// users file, so it takes as long as the slowest user's wrong password.
+func TestUnknownNamesCostTheFilesHighestCost(t *testing.T) {
+	t.Parallel()
+	dearer, err := bcrypt.GenerateFromPassword([]byte("a dearer password"), bcrypt.MinCost+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := setupWith(t, func(c *console.Config) {
+		c.Users = append(slices.Clone(users()), console.User{Name: "dora", Hash: dearer, Role: console.RoleViewer})
+	})
+	if got, want := f.con.DummyHashCost(), bcrypt.MinCost+1; got != want {
+		t.Fatalf("the dummy hash has cost %d, the file's highest is %d", got, want)
+	}
+	// And it spends its time: an unknown name is refused like a wrong password.
+	if got := f.try(f.client(), "nobody", "guess", ""); got != http.StatusUnauthorized {
+		t.Fatalf("an unknown name: %d", got)
 	}
 }

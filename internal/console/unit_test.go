@@ -68,7 +68,7 @@ func TestUserLine(t *testing.T) {
 	if err != nil || len(users) != 1 {
 		t.Fatalf("the line does not parse back: %v", err)
 	}
-	if _, ok := authenticate(map[string]User{"alice": users[0]}, "alice", "correct horse battery"); !ok {
+	if _, ok := authenticate(map[string]User{"alice": users[0]}, dummyHash(users), "alice", "correct horse battery"); !ok {
 		t.Fatal("the password does not match its line")
 	}
 	for _, bad := range []struct {
