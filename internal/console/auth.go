@@ -25,15 +25,26 @@ type session struct {
 
 // sessions are kept in memory: a restart logs everyone out, and so does
 // reaching another console process (run one, or route a user to one).
+//
+// The store is bounded two ways. A user holds at most perUser sessions:
+// a new login past that ends the user's oldest. The store holds at most
+// max: a new login past that ends the oldest session of the user who
+// holds the most, so nobody's logins can push out everyone else's.
+// Expired sessions are swept at least once a minute.
 type sessions struct {
-	mu  sync.Mutex
-	m   map[string]*session
-	ttl time.Duration
-	max int
+	mu      sync.Mutex
+	m       map[string]*session
+	byUser  map[string]map[string]*session
+	ttl     time.Duration
+	max     int
+	perUser int
+	swept   time.Time
 }
 
-func newSessions(ttl time.Duration, max int) *sessions {
-	return &sessions{m: map[string]*session{}, ttl: ttl, max: max}
+const sessionSweepGap = time.Minute
+
+func newSessions(ttl time.Duration, max, perUser int) *sessions {
+	return &sessions{m: map[string]*session{}, byUser: map[string]map[string]*session{}, ttl: ttl, max: max, perUser: perUser}
 }
 
 func randomToken() string {
@@ -42,26 +53,64 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// create starts a session for u, dropping expired ones, and the oldest
-// when the store is full.
+// drop removes a session; s.mu is held.
+func (s *sessions) drop(sess *session) {
+	delete(s.m, sess.token)
+	mine := s.byUser[sess.user.Name]
+	delete(mine, sess.token)
+	if len(mine) == 0 {
+		delete(s.byUser, sess.user.Name)
+	}
+}
+
+// sweep drops the expired sessions; s.mu is held.
+func (s *sessions) sweep(now time.Time) {
+	s.swept = now
+	for _, sess := range s.m {
+		if now.After(sess.expires) {
+			s.drop(sess)
+		}
+	}
+}
+
+// dropOldest ends the oldest session of a user's; s.mu is held.
+func (s *sessions) dropOldest(mine map[string]*session) {
+	var oldest *session
+	for _, sess := range mine {
+		if oldest == nil || sess.expires.Before(oldest.expires) {
+			oldest = sess
+		}
+	}
+	if oldest != nil {
+		s.drop(oldest)
+	}
+}
+
+// create starts a session for u, making room as the type describes.
 func (s *sessions) create(u User, now time.Time) *session {
 	sess := &session{token: randomToken(), user: u, csrf: randomToken(), expires: now.Add(s.ttl)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.m) >= s.max {
-		var oldest *session
-		for k, v := range s.m {
-			if now.After(v.expires) {
-				delete(s.m, k)
-			} else if oldest == nil || v.expires.Before(oldest.expires) {
-				oldest = v
+	if now.Sub(s.swept) > sessionSweepGap || len(s.m) >= s.max {
+		s.sweep(now)
+	}
+	for len(s.byUser[u.Name]) >= s.perUser {
+		s.dropOldest(s.byUser[u.Name])
+	}
+	for len(s.m) >= s.max {
+		var most map[string]*session
+		for _, mine := range s.byUser {
+			if len(mine) > len(most) {
+				most = mine
 			}
 		}
-		if len(s.m) >= s.max && oldest != nil {
-			delete(s.m, oldest.token)
-		}
+		s.dropOldest(most)
 	}
 	s.m[sess.token] = sess
+	if s.byUser[u.Name] == nil {
+		s.byUser[u.Name] = map[string]*session{}
+	}
+	s.byUser[u.Name][sess.token] = sess
 	return sess
 }
 
@@ -78,7 +127,7 @@ func (s *sessions) get(r *http.Request, now time.Time) *session {
 		return nil
 	}
 	if now.After(sess.expires) {
-		delete(s.m, c.Value)
+		s.drop(sess)
 		return nil
 	}
 	return sess
@@ -87,7 +136,32 @@ func (s *sessions) get(r *http.Request, now time.Time) *session {
 func (s *sessions) end(token string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.m, token)
+	if sess := s.m[token]; sess != nil {
+		s.drop(sess)
+	}
+}
+
+// endOthers ends every session of keep's user but keep, and returns how
+// many it ended.
+func (s *sessions) endOthers(keep *session) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, sess := range s.byUser[keep.user.Name] {
+		if sess.token != keep.token {
+			s.drop(sess)
+			n++
+		}
+	}
+	return n
+}
+
+// size returns how many sessions the store holds, and how many of them
+// are user's.
+func (s *sessions) size(user string) (all, users int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m), len(s.byUser[user])
 }
 
 // validCSRF reports whether the form's csrf field is the session's token.

@@ -47,6 +47,10 @@ const (
 	DefaultRefresh    = 5 * time.Second
 	DefaultExactBelow = 100_000
 	DefaultPageSize   = 200
+	// DefaultMaxSessions and DefaultMaxSessionsPerUser bound the
+	// sessions kept in memory (about 300 bytes each).
+	DefaultMaxSessions        = 10_000
+	DefaultMaxSessionsPerUser = 10
 )
 
 // Announcement starts the line relay console prints on stdout once it
@@ -89,9 +93,13 @@ type Config struct {
 	// trusted proxy. Without them the client is the direct peer, and the
 	// header is ignored.
 	TrustedProxies []netip.Prefix
-	// MaxSessions bounds the sessions kept at once (the oldest goes first);
-	// default 10,000.
+	// MaxSessions bounds the sessions kept at once: past it, a login ends
+	// the oldest session of the user who holds the most; default
+	// DefaultMaxSessions.
 	MaxSessions int
+	// MaxSessionsPerUser bounds one user's sessions: past it, the user's
+	// login ends the user's oldest; default DefaultMaxSessionsPerUser.
+	MaxSessionsPerUser int
 }
 
 func (c *Config) validate() error {
@@ -102,7 +110,7 @@ func (c *Config) validate() error {
 		return errors.New("console: Config.JetStream is required")
 	case len(c.Users) == 0:
 		return errors.New("console: Config.Users: at least one user is required")
-	case c.DBTimeout < 0, c.SessionTTL < 0, c.Refresh < 0, c.ExactBelow < 0, c.PageSize < 0, c.MaxSessions < 0:
+	case c.DBTimeout < 0, c.SessionTTL < 0, c.Refresh < 0, c.ExactBelow < 0, c.PageSize < 0, c.MaxSessions < 0, c.MaxSessionsPerUser < 0:
 		return errors.New("console: Config: durations and sizes must not be negative")
 	}
 	return nil
@@ -137,14 +145,15 @@ func New(cfg Config) (*Console, error) {
 	cfg.Refresh = cmp.Or(cfg.Refresh, DefaultRefresh)
 	cfg.ExactBelow = cmp.Or(cfg.ExactBelow, DefaultExactBelow)
 	cfg.PageSize = cmp.Or(cfg.PageSize, DefaultPageSize)
-	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, 10_000)
+	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, DefaultMaxSessions)
+	cfg.MaxSessionsPerUser = cmp.Or(cfg.MaxSessionsPerUser, DefaultMaxSessionsPerUser)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	c := &Console{
 		cfg: cfg, log: log.With("component", "console"), users: map[string]User{},
-		sessions: newSessions(cfg.SessionTTL, cfg.MaxSessions), limiter: newLimiter(), now: time.Now,
+		sessions: newSessions(cfg.SessionTTL, cfg.MaxSessions, cfg.MaxSessionsPerUser), limiter: newLimiter(), now: time.Now,
 	}
 	for _, u := range cfg.Users {
 		c.users[u.Name] = u

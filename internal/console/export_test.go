@@ -15,3 +15,7 @@ func (c *Console) DummyHashCost() int {
 	}
 	return cost
 }
+
+// Sessions returns how many sessions the console holds, and how many of
+// them are user's.
+func (c *Console) Sessions(user string) (all, users int) { return c.sessions.size(user) }
