@@ -187,6 +187,7 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("GET /login", c.loginPage)
 	mux.HandleFunc("POST /login", c.login)
 	mux.HandleFunc("POST /logout", c.authed(c.logout))
+	mux.HandleFunc("POST /logout/others", c.authed(c.logoutOthers))
 	mux.HandleFunc("GET /{$}", c.authed(c.overview))
 	mux.HandleFunc("GET /dead-letters", c.authed(c.deadLetters))
 	mux.HandleFunc("POST /dead-letters/replay", c.authed(c.operator(c.replay)))

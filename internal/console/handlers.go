@@ -152,6 +152,16 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
+// logoutOthers ends every other session of the user's (a browser left
+// logged in elsewhere, a cookie that may have been taken) and keeps this
+// one. Like logins and logouts it is logged, not written to the replay
+// audit table.
+func (c *Console) logoutOthers(w http.ResponseWriter, r *http.Request, s *session) {
+	n := c.sessions.endOthers(s)
+	c.log.InfoContext(r.Context(), "console: other sessions logged out", "user", s.user.Name, "ended", n, "remote", c.remote(r))
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
 // timeout bounds one request's database and NATS work.
 func (c *Console) timeout(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), c.cfg.DBTimeout)

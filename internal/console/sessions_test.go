@@ -2,6 +2,8 @@ package console_test
 
 import (
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/sendonce/sendonce/internal/console"
@@ -72,5 +74,45 @@ func TestSessionsAreCappedPerUserAndInAll(t *testing.T) {
 	}
 	if all, a := f.con.Sessions("alice"); all != 5 || a != 3 {
 		t.Fatalf("at the end: %d sessions, %d of alice's; want 5 and 3", all, a)
+	}
+}
+
+// A user ends every other session of theirs with a POST carrying the
+// session's CSRF token (403 without it); it is logged, and nobody else's
+// session ends.
+func TestLogOutOtherSessions(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	laptop, _ := f.login("alice", operatorPassword)
+	phone, csrf := f.login("alice", operatorPassword)
+	stolen, _ := f.login("alice", operatorPassword)
+	victor, _ := f.login("victor", viewerPassword)
+	_, page := f.do(phone, "GET", "/", nil)
+	if !strings.Contains(page, `action="/logout/others"`) || !strings.Contains(page, `data-action="logout-others"`) {
+		t.Fatal("the page has no button to log out other sessions")
+	}
+	for _, form := range []url.Values{{}, {"csrf": {csrf + "x"}}} {
+		if res, _ := f.do(phone, "POST", "/logout/others", form); res.StatusCode != http.StatusForbidden {
+			t.Fatalf("without the token: %s, want 403", res.Status)
+		}
+	}
+	if !f.loggedIn(laptop) || !f.loggedIn(stolen) {
+		t.Fatal("a refused request ended sessions")
+	}
+	res, _ := f.do(phone, "POST", "/logout/others", url.Values{"csrf": {csrf}})
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("log out other sessions: %s, want 303", res.Status)
+	}
+	if f.loggedIn(laptop) || f.loggedIn(stolen) {
+		t.Fatal("another session of alice's lives on")
+	}
+	if !f.loggedIn(phone) || !f.loggedIn(victor) {
+		t.Fatal("the session that asked, or another user's, ended")
+	}
+	if all, a := f.con.Sessions("alice"); all != 2 || a != 1 {
+		t.Fatalf("%d sessions, %d of alice's; want 2 and 1", all, a)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, `"msg":"console: other sessions logged out","component":"console","user":"alice","ended":2`) {
+		t.Fatalf("not logged:\n%s", logs)
 	}
 }
