@@ -156,6 +156,29 @@ func (s *sessions) endOthers(keep *session) int {
 	return n
 }
 
+// evictName drops the name that is not a user's with the fewest
+// failures (a stale one first), so that flooding the table with new
+// names does not erase a name's count cheaply; false if every name is a
+// user's.
+func (l *limiter) evictName(now time.Time) bool {
+	var victim string
+	var vs *strikes
+	for n, s := range l.names {
+		if l.known[n] {
+			continue
+		}
+		if vs == nil || s.stale(now) && !vs.stale(now) ||
+			s.stale(now) == vs.stale(now) && (s.fails < vs.fails || s.fails == vs.fails && s.last.Before(vs.last)) {
+			victim, vs = n, s
+		}
+	}
+	if vs == nil {
+		return false
+	}
+	delete(l.names, victim)
+	return true
+}
+
 // size returns how many sessions the store holds, and how many of them
 // are user's.
 func (s *sessions) size(user string) (all, users int) {
@@ -179,14 +202,15 @@ func (sess *session) validCSRF(r *http.Request) bool {
 // failed, so a stranger cannot lock an operator out, whether from
 // elsewhere or from behind the same proxy. They only make guessing
 // costlier where it goes on: once an address has failed loginSuspect
-// times (with any names), or a user's name loginSuspect times (from any
+// times (with any names), or a name loginSuspect times (from any
 // addresses), within loginForget of each other, the pairs of that address
 // or that name wait from their first failure.
 //
 // Its tables are bounded: a name is checked against the users file's
 // pattern before it gets here; an address keeps the pairs of at most
 // maxPerAddr names, the whole table at most maxEntries pairs and
-// addresses, and entries silent for loginForget are swept away. When a
+// addresses, the per-name counts at most maxNames names besides the
+// users', and entries silent for loginForget are swept away. When a
 // table is full the entry that goes is the least penalized one, the one
 // whose wait ends first (a stale one before all): evicting a pair only
 // ever lets its name try again sooner, so to get rid of a penalty by
@@ -195,13 +219,17 @@ func (sess *session) validCSRF(r *http.Request) bool {
 type limiter struct {
 	mu    sync.Mutex
 	addrs map[string]*addrStrikes
-	// names counts the failures of known users' names, from every address
-	// (a table as long as the users file).
+	// names counts the failures of each name, from every address: a
+	// user's name is kept until it is stale, other names (which count
+	// alike, so that the throttle does not tell which names exist) at
+	// most maxNames of them.
 	names map[string]*strikes
+	known map[string]bool
 	// pairs is how many pairs the addresses hold.
 	pairs      int
 	maxPerAddr int
 	maxEntries int
+	maxNames   int
 	swept      time.Time
 }
 
@@ -228,12 +256,13 @@ const (
 	// 200 bytes an entry, so 4 MB at most.
 	loginPerAddr  = 64
 	loginEntries  = 20_000
+	loginNames    = 4_096
 	loginSweepGap = time.Minute
 )
 
 func newLimiter() *limiter {
-	return &limiter{addrs: map[string]*addrStrikes{}, names: map[string]*strikes{},
-		maxPerAddr: loginPerAddr, maxEntries: loginEntries}
+	return &limiter{addrs: map[string]*addrStrikes{}, names: map[string]*strikes{}, known: map[string]bool{},
+		maxPerAddr: loginPerAddr, maxEntries: loginEntries, maxNames: loginNames}
 }
 
 // stale reports whether s has been silent for loginForget (its wait, at
@@ -257,6 +286,7 @@ func (l *limiter) sweep(now time.Time) {
 	for n, s := range l.names {
 		if s.stale(now) {
 			delete(l.names, n)
+			delete(l.known, n)
 		}
 	}
 }
@@ -382,15 +412,18 @@ func (l *limiter) fail(name, addr string, known bool, now time.Time) {
 	}
 	a.count(now)
 	suspect := a.fails >= loginSuspect
-	if known {
-		n := l.names[name]
-		if n == nil {
-			n = &strikes{}
-			l.names[name] = n
+	n := l.names[name]
+	if n == nil {
+		for len(l.names) >= l.maxNames && !known && l.evictName(now) {
 		}
-		n.count(now)
-		suspect = suspect || n.fails >= loginSuspect
+		n = &strikes{}
+		l.names[name] = n
+		if known {
+			l.known[name] = true
+		}
 	}
+	n.count(now)
+	suspect = suspect || n.fails >= loginSuspect
 	p := a.names[name]
 	if p == nil {
 		p = &strikes{}

@@ -126,7 +126,7 @@ func TestLimiter(t *testing.T) {
 
 // Once an address has failed loginSuspect times with any names, a name
 // that fails there waits from its first failure; a name that has not
-// failed there never waits. Likewise for a user's name failing from
+// failed there never waits. Likewise for a name (a user's or not) failing from
 // loginSuspect addresses.
 func TestLimiterSuspects(t *testing.T) {
 	t.Parallel()
@@ -155,6 +155,15 @@ func TestLimiterSuspects(t *testing.T) {
 	l.fail("alice", "office", true, now)
 	if w := l.wait("alice", "office", now); w != loginFirstGap {
 		t.Fatalf("alice's first failure after a distributed guess: wait %s, want %s", w, loginFirstGap)
+	}
+	// A name nobody has counts alike: the throttle does not tell which
+	// names exist.
+	for i := range loginSuspect {
+		l.fail("zed", fmt.Sprintf("bot%d", i), false, now)
+	}
+	l.fail("zed", "office", false, now)
+	if w := l.wait("zed", "office", now); w != loginFirstGap {
+		t.Fatalf("an unknown name's first failure after a distributed guess: wait %s, want %s", w, loginFirstGap)
 	}
 	// An hour later the counts start over.
 	later := now.Add(loginForget + time.Second)
@@ -330,7 +339,7 @@ func TestClientAddr(t *testing.T) {
 func TestLimiterTablesAreBounded(t *testing.T) {
 	t.Parallel()
 	l := newLimiter()
-	l.maxPerAddr, l.maxEntries = 8, 50
+	l.maxPerAddr, l.maxEntries, l.maxNames = 8, 50, 10
 	now := time.Unix(1_000_000, 0)
 	for range 12 {
 		l.fail("alice", "a", true, now)
@@ -353,8 +362,13 @@ func TestLimiterTablesAreBounded(t *testing.T) {
 	for i := range 1000 {
 		l.fail("mallory", fmt.Sprintf("b%d", i), false, now)
 	}
-	if addrs, pairs, names := l.size(); addrs+pairs > l.maxEntries || names != 1 {
-		t.Fatalf("%d addresses and %d pairs, cap %d; %d names", addrs, pairs, l.maxEntries, names)
+	if addrs, pairs, names := l.size(); addrs+pairs > l.maxEntries || names > l.maxNames {
+		t.Fatalf("%d addresses and %d pairs, cap %d; %d names, cap %d", addrs, pairs, l.maxEntries, names, l.maxNames)
+	}
+	// The names flooded past are evicted, fewest failures first: a user's
+	// name never, and mallory's 1000 failures not.
+	if l.names["alice"] == nil || l.names["mallory"] == nil || l.names["mallory"].fails != 1000 {
+		t.Fatalf("the names' counts were evicted: alice %v, mallory %v", l.names["alice"], l.names["mallory"])
 	}
 	if w := l.wait("alice", "a", now); w != penalty {
 		t.Fatalf("after 1000 other addresses, alice waits %s at a, want %s", w, penalty)
