@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -35,6 +36,8 @@ type consoleConfig struct {
 	secureCookie bool
 	sessionTTL   time.Duration
 	refresh      time.Duration
+	proxiesList  string
+	proxies      []netip.Prefix
 }
 
 func bindConsole(s *envflag.Set, c *consoleConfig) {
@@ -65,6 +68,15 @@ func bindConsole(s *envflag.Set, c *consoleConfig) {
 		return nil
 	})
 	s.Bool(&c.secureCookie, "console-secure-cookie", "CONSOLE_SECURE_COOKIE", false, "mark the session cookie Secure, for a console behind an HTTPS proxy (automatic with CONSOLE_TLS_CERT)")
+	s.String(&c.proxiesList, "console-trusted-proxies", "CONSOLE_TRUSTED_PROXIES", "", "addresses and CIDR prefixes (comma-separated) of the proxies in front of the console whose X-Forwarded-For names the client; failed logins count per client address, so set it behind a proxy")
+	s.Check(func() error {
+		p, err := console.ParseTrustedProxies(c.proxiesList)
+		if err != nil {
+			return fmt.Errorf("CONSOLE_TRUSTED_PROXIES: %w", err)
+		}
+		c.proxies = p
+		return nil
+	})
 	s.Duration(&c.sessionTTL, "console-session-ttl", "CONSOLE_SESSION_TTL", console.DefaultSessionTTL, time.Minute, 30*24*time.Hour, "how long a login lasts")
 	s.Duration(&c.refresh, "console-refresh", "CONSOLE_REFRESH", console.DefaultRefresh, time.Second, time.Hour, "how often the overview refreshes itself")
 	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on the database and NATS work of one page")
@@ -122,6 +134,7 @@ func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, 
 	con, err := console.New(console.Config{
 		Pool: pool, JetStream: js, Users: c.users, Logger: root, DBTimeout: c.DBTimeout,
 		SessionTTL: c.sessionTTL, Refresh: c.refresh, SecureCookie: c.secureCookie || c.tlsCert != "",
+		TrustedProxies: c.proxies,
 	})
 	if err != nil {
 		return err

@@ -42,6 +42,8 @@ func TestConsoleBadConfigurationNamesTheSetting(t *testing.T) {
 		{"bad role", map[string]string{"CONSOLE_USERS_FILE": write("role", strings.Replace(good, "operator", "root", 1))}, "CONSOLE_USERS_FILE: line 1"},
 		{"cert without key", map[string]string{"CONSOLE_TLS_CERT": "/x.pem"}, "CONSOLE_TLS_KEY"},
 		{"session ttl", map[string]string{"CONSOLE_SESSION_TTL": "1s"}, "CONSOLE_SESSION_TTL"},
+		{"trusted proxies", map[string]string{"CONSOLE_TRUSTED_PROXIES": "10.0.0.0/8, proxy.example"}, `CONSOLE_TRUSTED_PROXIES: "proxy.example" is not an address`},
+		{"trusted prefix", map[string]string{"CONSOLE_TRUSTED_PROXIES": "10.0.0.0/33"}, "CONSOLE_TRUSTED_PROXIES"},
 		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL"},
 	}
 	for _, tt := range tests {

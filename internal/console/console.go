@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,6 +47,10 @@ const (
 	DefaultRefresh    = 5 * time.Second
 	DefaultExactBelow = 100_000
 	DefaultPageSize   = 200
+	// DefaultMaxSessions and DefaultMaxSessionsPerUser bound the
+	// sessions kept in memory (about 300 bytes each).
+	DefaultMaxSessions        = 10_000
+	DefaultMaxSessionsPerUser = 10
 )
 
 // Announcement starts the line relay console prints on stdout once it
@@ -82,9 +87,19 @@ type Config struct {
 	// PageSize is how many dead letters a page lists, and a bound of one
 	// replay's selection; default DefaultPageSize.
 	PageSize int
-	// MaxSessions bounds the sessions kept at once (the oldest goes first);
-	// default 10,000.
+	// TrustedProxies are the proxies (addresses and prefixes) whose
+	// X-Forwarded-For names the client: for a request from one of them,
+	// the client is the right-most address of that header that is not a
+	// trusted proxy. Without them the client is the direct peer, and the
+	// header is ignored.
+	TrustedProxies []netip.Prefix
+	// MaxSessions bounds the sessions kept at once: past it, a login ends
+	// the oldest session of the user who holds the most; default
+	// DefaultMaxSessions.
 	MaxSessions int
+	// MaxSessionsPerUser bounds one user's sessions: past it, the user's
+	// login ends the user's oldest; default DefaultMaxSessionsPerUser.
+	MaxSessionsPerUser int
 }
 
 func (c *Config) validate() error {
@@ -95,7 +110,7 @@ func (c *Config) validate() error {
 		return errors.New("console: Config.JetStream is required")
 	case len(c.Users) == 0:
 		return errors.New("console: Config.Users: at least one user is required")
-	case c.DBTimeout < 0, c.SessionTTL < 0, c.Refresh < 0, c.ExactBelow < 0, c.PageSize < 0, c.MaxSessions < 0:
+	case c.DBTimeout < 0, c.SessionTTL < 0, c.Refresh < 0, c.ExactBelow < 0, c.PageSize < 0, c.MaxSessions < 0, c.MaxSessionsPerUser < 0:
 		return errors.New("console: Config: durations and sizes must not be negative")
 	}
 	return nil
@@ -106,6 +121,7 @@ type Console struct {
 	cfg      Config
 	log      *slog.Logger
 	users    map[string]User
+	dummy    []byte
 	sessions *sessions
 	limiter  *limiter
 	pages    map[string]*template.Template
@@ -129,18 +145,20 @@ func New(cfg Config) (*Console, error) {
 	cfg.Refresh = cmp.Or(cfg.Refresh, DefaultRefresh)
 	cfg.ExactBelow = cmp.Or(cfg.ExactBelow, DefaultExactBelow)
 	cfg.PageSize = cmp.Or(cfg.PageSize, DefaultPageSize)
-	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, 10_000)
+	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, DefaultMaxSessions)
+	cfg.MaxSessionsPerUser = cmp.Or(cfg.MaxSessionsPerUser, DefaultMaxSessionsPerUser)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	c := &Console{
 		cfg: cfg, log: log.With("component", "console"), users: map[string]User{},
-		sessions: newSessions(cfg.SessionTTL, cfg.MaxSessions), limiter: newLimiter(), now: time.Now,
+		sessions: newSessions(cfg.SessionTTL, cfg.MaxSessions, cfg.MaxSessionsPerUser), limiter: newLimiter(), now: time.Now,
 	}
 	for _, u := range cfg.Users {
 		c.users[u.Name] = u
 	}
+	c.dummy = dummyHash(cfg.Users)
 	var err error
 	if c.pages, err = parsePages(); err != nil {
 		return nil, err
@@ -169,6 +187,7 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("GET /login", c.loginPage)
 	mux.HandleFunc("POST /login", c.login)
 	mux.HandleFunc("POST /logout", c.authed(c.logout))
+	mux.HandleFunc("POST /logout/others", c.authed(c.logoutOthers))
 	mux.HandleFunc("GET /{$}", c.authed(c.overview))
 	mux.HandleFunc("GET /dead-letters", c.authed(c.deadLetters))
 	mux.HandleFunc("POST /dead-letters/replay", c.authed(c.operator(c.replay)))

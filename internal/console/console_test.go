@@ -60,6 +60,7 @@ type fixture struct {
 	js    jetstream.JetStream
 	srv   *httptest.Server
 	logs  *testkit.Buffer
+	con   *console.Console
 }
 
 // setup serves a console on a fresh database, as the role
@@ -71,6 +72,12 @@ func setup(t *testing.T) *fixture {
 
 func setupTB(t testing.TB) *fixture {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with a change to the console's configuration.
+func setupWith(t testing.TB, change func(*console.Config)) *fixture {
+	t.Helper()
 	owner, dbURL := pgtest.NewPool(t)
 	pool, err := pgxpool.New(context.Background(), pgtest.AsRole(t, dbURL, "sendonce_console"))
 	if err != nil {
@@ -81,13 +88,17 @@ func setupTB(t testing.TB) *fixture {
 	ns.EnsureTopology(t)
 	_, js := ns.Connect(t)
 	logs := &testkit.Buffer{}
-	con, err := console.New(console.Config{Pool: pool, JetStream: js, Users: users(), Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	cfg := console.Config{Pool: pool, JetStream: js, Users: users(), Logger: slog.New(slog.NewJSONHandler(logs, nil))}
+	if change != nil {
+		change(&cfg)
+	}
+	con, err := console.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(con.Handler())
 	t.Cleanup(srv.Close)
-	return &fixture{t: t, owner: owner, js: js, srv: srv, logs: logs}
+	return &fixture{t: t, owner: owner, js: js, srv: srv, logs: logs, con: con}
 }
 
 // client does not follow redirects, so a test sees them.

@@ -39,7 +39,7 @@ func (c *Console) authed(h func(http.ResponseWriter, *http.Request, *session)) h
 		if r.Method == http.MethodPost {
 			r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 			if !s.validCSRF(r) {
-				c.log.WarnContext(r.Context(), "console: request without a valid csrf token refused", "user", s.user.Name, "path", r.URL.Path, "remote", remoteIP(r))
+				c.log.WarnContext(r.Context(), "console: request without a valid csrf token refused", "user", s.user.Name, "path", r.URL.Path, "remote", c.remote(r))
 				c.fail(w, r, s, http.StatusForbidden, "This form is stale or did not come from the console (missing or wrong CSRF token). Reload the page and try again.")
 				return
 			}
@@ -52,7 +52,7 @@ func (c *Console) authed(h func(http.ResponseWriter, *http.Request, *session)) h
 func (c *Console) operator(h func(http.ResponseWriter, *http.Request, *session)) func(http.ResponseWriter, *http.Request, *session) {
 	return func(w http.ResponseWriter, r *http.Request, s *session) {
 		if s.user.Role != RoleOperator {
-			c.log.WarnContext(r.Context(), "console: viewer's replay refused", "user", s.user.Name, "remote", remoteIP(r))
+			c.log.WarnContext(r.Context(), "console: viewer's replay refused", "user", s.user.Name, "remote", c.remote(r))
 			c.fail(w, r, s, http.StatusForbidden, "Only an operator may replay.")
 			return
 		}
@@ -86,27 +86,47 @@ func sameOrigin(r *http.Request) bool {
 // loginView is the login page's data.
 type loginView struct{ Error, Username string }
 
+// maxLoginForm bounds a login's body: a name is at most 64 bytes, and
+// bcrypt reads no more than 72 of a password.
+const maxLoginForm = 4 << 10
+
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+	r.Body = http.MaxBytesReader(w, r.Body, maxLoginForm)
 	if !sameOrigin(r) {
 		c.fail(w, r, nil, http.StatusForbidden, "A login must come from the console's own page.")
 		return
 	}
+	if err := r.ParseForm(); err != nil {
+		if _, big := errors.AsType[*http.MaxBytesError](err); big {
+			c.fail(w, r, nil, http.StatusRequestEntityTooLarge, "A login form is at most 4 KiB.")
+			return
+		}
+		c.fail(w, r, nil, http.StatusBadRequest, "The login form could not be read.")
+		return
+	}
 	name, password := r.PostFormValue("username"), r.PostFormValue("password")
-	now, ip := c.now(), remoteIP(r)
-	if wait := max(c.limiter.wait("ip:"+ip, now), c.limiter.wait("user:"+name, now)); wait > 0 {
+	now, ip, key := c.now(), c.remote(r), c.throttleKey(r)
+	if !userName.MatchString(name) {
+		// No user has such a name: refused before it reaches the
+		// throttle, a log line or the page.
+		c.log.WarnContext(r.Context(), "console: login failed", "user", "(invalid)", "remote", ip)
+		c.render(w, http.StatusUnauthorized, "login", page{Title: "Log in", Data: loginView{
+			Error: "Wrong user name or password."}})
+		return
+	}
+	if wait := c.limiter.wait(name, key, now); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
 		c.render(w, http.StatusTooManyRequests, "login", page{Title: "Log in", Data: loginView{
 			Error: fmt.Sprintf("Too many failed logins: try again in %s.", wait.Round(time.Second)), Username: name}})
 		return
 	}
-	u, ok := authenticate(c.users, name, password)
+	u, ok := authenticate(c.users, c.dummy, name, password)
 	if !ok {
-		c.limiter.fail("ip:"+ip, now)
-		c.limiter.fail("user:"+name, now)
 		// A name nobody has may be a password typed in the wrong box.
+		_, known := c.users[name]
+		c.limiter.fail(name, key, known, now)
 		logged := "(unknown)"
-		if _, known := c.users[name]; known {
+		if known {
 			logged = name
 		}
 		c.log.WarnContext(r.Context(), "console: login failed", "user", logged, "remote", ip)
@@ -114,7 +134,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 			Error: "Wrong user name or password.", Username: name}})
 		return
 	}
-	c.limiter.clear("user:" + name)
+	c.limiter.clear(name, key)
 	s := c.sessions.create(u, now)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: s.token, Path: "/", MaxAge: int(c.cfg.SessionTTL.Seconds()),
@@ -130,6 +150,16 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
 		SameSite: http.SameSiteStrictMode, Secure: c.cfg.SecureCookie || r.TLS != nil})
 	c.log.InfoContext(r.Context(), "console: logout", "user", s.user.Name)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// logoutOthers ends every other session of the user's (a browser left
+// logged in elsewhere, a cookie that may have been taken) and keeps this
+// one. Like logins and logouts it is logged, not written to the replay
+// audit table.
+func (c *Console) logoutOthers(w http.ResponseWriter, r *http.Request, s *session) {
+	n := c.sessions.endOthers(s)
+	c.log.InfoContext(r.Context(), "console: other sessions logged out", "user", s.user.Name, "ended", n, "remote", c.remote(r))
+	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
 // timeout bounds one request's database and NATS work.
@@ -460,7 +490,7 @@ func (c *Console) replayLetters(ctx context.Context, r *http.Request, s *session
 		if dryRun {
 			return nil
 		}
-		audit = outbox.ConsoleReplay{User: s.user.Name, Role: string(s.user.Role), Requested: ids, Remote: remoteIP(r)}
+		audit = outbox.ConsoleReplay{User: s.user.Name, Role: string(s.user.Role), Requested: ids, Remote: c.remote(r)}
 		for _, res := range results {
 			if res.Replayed {
 				audit.Replayed = append(audit.Replayed, res.ID)

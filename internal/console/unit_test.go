@@ -1,6 +1,8 @@
 package console
 
 import (
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -66,7 +68,7 @@ func TestUserLine(t *testing.T) {
 	if err != nil || len(users) != 1 {
 		t.Fatalf("the line does not parse back: %v", err)
 	}
-	if _, ok := authenticate(map[string]User{"alice": users[0]}, "alice", "correct horse battery"); !ok {
+	if _, ok := authenticate(map[string]User{"alice": users[0]}, dummyHash(users), "alice", "correct horse battery"); !ok {
 		t.Fatal("the password does not match its line")
 	}
 	for _, bad := range []struct {
@@ -80,41 +82,94 @@ func TestUserLine(t *testing.T) {
 	}
 }
 
-// After loginFree failures a key waits, twice as long after each further
-// failure, up to the cap; clearing it lets it in at once.
+// After loginFree failures a name waits at an address, twice as long after
+// each further failure, up to the cap; clearing it lets it in at once.
+// Nobody else waits: not the name elsewhere, not another name there.
 func TestLimiter(t *testing.T) {
 	t.Parallel()
 	l := newLimiter()
 	now := time.Unix(1_000_000, 0)
 	for i := range loginFree - 1 {
-		l.fail("k", now)
-		if w := l.wait("k", now); w != 0 {
+		l.fail("alice", "a", true, now)
+		if w := l.wait("alice", "a", now); w != 0 {
 			t.Fatalf("after %d failures: wait %s", i+1, w)
 		}
 	}
-	l.fail("k", now)
-	if w := l.wait("k", now); w != loginFirstGap {
+	l.fail("alice", "a", true, now)
+	if w := l.wait("alice", "a", now); w != loginFirstGap {
 		t.Fatalf("after %d failures: wait %s, want %s", loginFree, w, loginFirstGap)
 	}
-	l.fail("k", now)
-	if w := l.wait("k", now); w != 2*loginFirstGap {
+	l.fail("alice", "a", true, now)
+	if w := l.wait("alice", "a", now); w != 2*loginFirstGap {
 		t.Fatalf("one more: wait %s, want %s", w, 2*loginFirstGap)
 	}
 	for range 40 {
-		l.fail("k", now)
+		l.fail("alice", "a", true, now)
 	}
-	if w := l.wait("k", now); w != loginMaxGap {
+	if w := l.wait("alice", "a", now); w != loginMaxGap {
 		t.Fatalf("many: wait %s, want the cap %s", w, loginMaxGap)
 	}
-	if w := l.wait("k", now.Add(loginMaxGap)); w != 0 {
+	if w := l.wait("alice", "a", now.Add(loginMaxGap)); w != 0 {
 		t.Fatalf("after the gap: wait %s", w)
 	}
-	if w := l.wait("other", now); w != 0 {
-		t.Fatalf("another key waits %s", w)
+	if w := l.wait("alice", "b", now); w != 0 {
+		t.Fatalf("alice waits %s at another address", w)
 	}
-	l.clear("k")
-	if w := l.wait("k", now); w != 0 {
+	if w := l.wait("bob", "a", now); w != 0 {
+		t.Fatalf("bob waits %s at the guessing address", w)
+	}
+	l.clear("alice", "a")
+	if w := l.wait("alice", "a", now); w != 0 {
 		t.Fatalf("after clear: wait %s", w)
+	}
+}
+
+// Once an address has failed loginSuspect times with any names, a name
+// that fails there waits from its first failure; a name that has not
+// failed there never waits. Likewise for a name (a user's or not) failing from
+// loginSuspect addresses.
+func TestLimiterSuspects(t *testing.T) {
+	t.Parallel()
+	l := newLimiter()
+	now := time.Unix(1_000_000, 0)
+	for i := range loginSuspect {
+		l.fail(fmt.Sprintf("user%d", i), "spray", false, now)
+	}
+	if w := l.wait("bob", "spray", now); w != 0 {
+		t.Fatalf("bob waits %s at the spraying address before any failure", w)
+	}
+	l.fail("bob", "spray", true, now)
+	if w := l.wait("bob", "spray", now); w != loginFirstGap {
+		t.Fatalf("bob's first failure at the spraying address: wait %s, want %s", w, loginFirstGap)
+	}
+	if w := l.wait("bob", "home", now); w != 0 {
+		t.Fatalf("bob waits %s at home", w)
+	}
+
+	for i := range loginSuspect {
+		l.fail("alice", fmt.Sprintf("bot%d", i), true, now)
+	}
+	if w := l.wait("alice", "office", now); w != 0 {
+		t.Fatalf("alice waits %s at the office before any failure", w)
+	}
+	l.fail("alice", "office", true, now)
+	if w := l.wait("alice", "office", now); w != loginFirstGap {
+		t.Fatalf("alice's first failure after a distributed guess: wait %s, want %s", w, loginFirstGap)
+	}
+	// A name nobody has counts alike: the throttle does not tell which
+	// names exist.
+	for i := range loginSuspect {
+		l.fail("zed", fmt.Sprintf("bot%d", i), false, now)
+	}
+	l.fail("zed", "office", false, now)
+	if w := l.wait("zed", "office", now); w != loginFirstGap {
+		t.Fatalf("an unknown name's first failure after a distributed guess: wait %s, want %s", w, loginFirstGap)
+	}
+	// An hour later the counts start over.
+	later := now.Add(loginForget + time.Second)
+	l.fail("alice", "office", true, later)
+	if w := l.wait("alice", "office", later); w != 0 {
+		t.Fatalf("an hour later, one failure: wait %s", w)
 	}
 }
 
@@ -237,5 +292,91 @@ func TestTimelineMergesEvidenceWithAttempts(t *testing.T) {
 	}
 	if v.Receipts() != 2 || v.Lookups() != 1 {
 		t.Errorf("counted %d receipts and %d lookups", v.Receipts(), v.Lookups())
+	}
+}
+
+func TestClientAddr(t *testing.T) {
+	t.Parallel()
+	proxies, err := ParseTrustedProxies("10.0.0.0/8, 192.0.2.1 ::ffff:172.16.0.0/108,2001:db8::/32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Console{cfg: Config{TrustedProxies: proxies}}
+	for _, tt := range []struct {
+		peer, xff, want, key string
+	}{
+		{"203.0.113.5:4000", "198.51.100.1", "203.0.113.5", "203.0.113.5"},                    // not a proxy: the header is ignored
+		{"10.1.1.1:4000", "", "10.1.1.1", "10.1.1.1"},                                         // a proxy without the header
+		{"10.1.1.1:4000", "198.51.100.1", "198.51.100.1", "198.51.100.1"},                     // one proxy
+		{"10.1.1.1:4000", "6.6.6.6, 198.51.100.1, 192.0.2.1", "198.51.100.1", "198.51.100.1"}, // two proxies; a forged left part
+		{"[::ffff:10.1.1.1]:4000", "198.51.100.1", "198.51.100.1", "198.51.100.1"},            // a mapped peer
+		{"172.16.3.3:4000", "::ffff:198.51.100.2", "198.51.100.2", "198.51.100.2"},            // a mapped prefix and client
+		{"10.1.1.1:4000", "not-an-address, 10.2.2.2", "10.2.2.2", "10.2.2.2"},                 // the chain ends at garbage
+		{"10.1.1.1:4000", "[2001:db9::1]:443", "2001:db9::1", "2001:db9::/64"},                // with a port; IPv6 keyed by /64
+		{"[2001:db8::5]:4000", "2001:db9:1:2:3:4:5:6", "2001:db9:1:2:3:4:5:6", "2001:db9:1:2::/64"},
+	} {
+		r := &http.Request{RemoteAddr: tt.peer, Header: http.Header{}}
+		if tt.xff != "" {
+			r.Header.Set("X-Forwarded-For", tt.xff)
+		}
+		if got := c.remote(r); got != tt.want {
+			t.Errorf("peer %s, X-Forwarded-For %q: client %s, want %s", tt.peer, tt.xff, got, tt.want)
+		}
+		if got := c.throttleKey(r); got != tt.key {
+			t.Errorf("peer %s, X-Forwarded-For %q: key %s, want %s", tt.peer, tt.xff, got, tt.key)
+		}
+	}
+	for _, bad := range []string{"proxy.example", "10.0.0.0/33", "10.0.0.1/8/1", "fe80::1%eth0"} {
+		if _, err := ParseTrustedProxies(bad); err == nil {
+			t.Errorf("ParseTrustedProxies(%q) accepted", bad)
+		}
+	}
+}
+
+// The throttle's table is bounded per address and overall, and forgets
+// silent entries; flooding it evicts the least penalized entries, never
+// a pair that waits longer than the newcomers.
+func TestLimiterTablesAreBounded(t *testing.T) {
+	t.Parallel()
+	l := newLimiter()
+	l.maxPerAddr, l.maxEntries, l.maxNames = 8, 50, 10
+	now := time.Unix(1_000_000, 0)
+	for range 12 {
+		l.fail("alice", "a", true, now)
+	}
+	penalty := l.wait("alice", "a", now)
+	if penalty < time.Minute {
+		t.Fatalf("alice waits %s after 12 failures", penalty)
+	}
+	// One address, many names.
+	for i := range 1000 {
+		l.fail(fmt.Sprintf("user%d", i), "a", false, now)
+	}
+	if n := len(l.addrs["a"].names); n > l.maxPerAddr {
+		t.Fatalf("address a holds %d pairs, cap %d", n, l.maxPerAddr)
+	}
+	if w := l.wait("alice", "a", now); w != penalty {
+		t.Fatalf("after 1000 other names at a, alice waits %s there, want %s", w, penalty)
+	}
+	// Many addresses.
+	for i := range 1000 {
+		l.fail("mallory", fmt.Sprintf("b%d", i), false, now)
+	}
+	if addrs, pairs, names := l.size(); addrs+pairs > l.maxEntries || names > l.maxNames {
+		t.Fatalf("%d addresses and %d pairs, cap %d; %d names, cap %d", addrs, pairs, l.maxEntries, names, l.maxNames)
+	}
+	// The names flooded past are evicted, fewest failures first: a user's
+	// name never, and mallory's 1000 failures not.
+	if l.names["alice"] == nil || l.names["mallory"] == nil || l.names["mallory"].fails != 1000 {
+		t.Fatalf("the names' counts were evicted: alice %v, mallory %v", l.names["alice"], l.names["mallory"])
+	}
+	if w := l.wait("alice", "a", now); w != penalty {
+		t.Fatalf("after 1000 other addresses, alice waits %s at a, want %s", w, penalty)
+	}
+	// An hour of silence later everything old is swept.
+	later := now.Add(loginForget + loginSweepGap + time.Second)
+	l.fail("bob", "c", true, later)
+	if addrs, pairs, names := l.size(); addrs != 1 || pairs != 1 || names != 1 {
+		t.Fatalf("after an hour: %d addresses, %d pairs, %d names; want only bob's", addrs, pairs, names)
 	}
 }
