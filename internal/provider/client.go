@@ -91,6 +91,13 @@ type Client struct {
 	lookup func(ctx context.Context, q LookupQuery) ([]Found, error)
 	// byContent: lookup finds messages by number and text (Twilio).
 	byContent bool
+	// errorFields reads an error answer's code (0 when none) and text;
+	// nil reads the generic {"code","message"}.
+	errorFields func(data []byte) (code int, text string, ok bool)
+	// refused are statuses the provider documents as a refusal before
+	// anything was processed that a later attempt may get past (Vonage's
+	// 402, a low balance): Retry, never Ambiguous.
+	refused []int
 }
 
 // MaxResponseHeaderBytes bounds the headers of a provider's answer: a
@@ -248,6 +255,23 @@ func (c *Client) genericRequest(ctx context.Context, m Message) (*http.Request, 
 	return hreq, nil
 }
 
+// genericErrorFields reads the generic API's error answer
+// {"code":21211,"message":"..."}.
+func genericErrorFields(data []byte) (int, string, bool) {
+	var e struct {
+		Code    json.Number `json:"code"`
+		Message string      `json:"message"`
+	}
+	if json.Unmarshal(data, &e) != nil {
+		return 0, "", false
+	}
+	code := 0
+	if n, err := e.Code.Int64(); err == nil && n > 0 && n < 1<<31 {
+		code = int(n)
+	}
+	return code, e.Message, true
+}
+
 // transportFailure classifies an attempt that produced no response. Before
 // the request was written nothing reached the provider, so a retry is safe
 // everywhere; after, only a provider that honours the key makes it safe.
@@ -292,18 +316,18 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 		return o
 	}
 
-	var e struct {
-		Code    json.Number `json:"code"`
-		Message string      `json:"message"`
-	}
 	code := 0
 	reason := http.StatusText(status)
-	if !oversize && json.Unmarshal(data, &e) == nil {
-		if n, err := e.Code.Int64(); err == nil && n > 0 && n < 1<<31 {
-			code = int(n)
+	if !oversize {
+		fields := c.errorFields
+		if fields == nil {
+			fields = genericErrorFields
 		}
-		if e.Message != "" {
-			reason = scrubFor(e.Message, m)
+		if n, text, ok := fields(data); ok {
+			code = n
+			if text != "" {
+				reason = scrubFor(text, m)
+			}
 		}
 	}
 	if reason == "" {
@@ -313,6 +337,8 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 	switch {
 	case code != 0 && slices.Contains(c.permanent, code):
 		o.Kind = Permanent
+	case slices.Contains(c.refused, status):
+		o.Kind = Retry
 	case status == 429:
 		o.Kind = Retry
 		o.After = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter)

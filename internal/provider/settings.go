@@ -27,7 +27,7 @@ const DefaultLookupRetention = 24 * time.Hour
 // sender, and relay resolve), bound to flags and environment variables by
 // BindSettings.
 type Settings struct {
-	Kind           string // generic or twilio
+	Kind           string // generic, twilio or vonage
 	BaseURL        string
 	AllowInsecure  bool
 	APIKey         string
@@ -35,6 +35,9 @@ type Settings struct {
 	TwilioToken    string
 	TwilioFrom     string
 	TwilioService  string
+	VonageKey      string
+	VonageSecret   string
+	VonageFrom     string
 	Timeout        time.Duration
 	Idempotent     bool
 	PermanentCodes string
@@ -49,8 +52,8 @@ type Settings struct {
 
 // BindSettings binds the provider settings to s.
 func BindSettings(s *envflag.Set, c *Settings) {
-	s.Enum(&c.Kind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio"}, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md) or twilio (never idempotent)")
-	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com")
+	s.Enum(&c.Kind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio", "vonage"}, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md), twilio or vonage (the Messages API); twilio and vonage are never idempotent (docs/providers.md)")
+	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com; vonage: default https://api.nexmo.com")
 	s.URL(&c.BaseURL, "sms-api-base", "http", "https")
 	s.Bool(&c.AllowInsecure, "sms-api-allow-insecure", "SMS_API_ALLOW_INSECURE", false, "allow an http:// SMS_API_BASE (development and tests only: the key and the messages would cross the network in clear)")
 	s.Secret(&c.APIKey, "sms-api-key", "SMS_API_KEY", "generic provider API key, sent as a Bearer token")
@@ -58,13 +61,16 @@ func BindSettings(s *envflag.Set, c *Settings) {
 	s.Secret(&c.TwilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "twilio: auth token (basic-auth password)")
 	s.String(&c.TwilioFrom, "twilio-from", "TWILIO_FROM", "", "twilio: sending number or sender id")
 	s.String(&c.TwilioService, "twilio-messaging-service-sid", "TWILIO_MESSAGING_SERVICE_SID", "", "twilio: messaging service SID, instead of TWILIO_FROM")
+	s.String(&c.VonageKey, "vonage-api-key", "VONAGE_API_KEY", "", "vonage: API key (basic-auth user)")
+	s.Secret(&c.VonageSecret, "vonage-api-secret", "VONAGE_API_SECRET", "vonage: API secret (basic-auth password)")
+	s.String(&c.VonageFrom, "vonage-from", "VONAGE_FROM", "", "vonage: sending number (E.164, the '+' optional) or alphanumeric sender id")
 	s.Duration(&c.Timeout, "sms-api-timeout", "SMS_API_TIMEOUT", 10*time.Second, 10*time.Millisecond, 10*time.Minute, "bound on one provider attempt")
 	s.Bool(&c.Idempotent, "sms-api-idempotent", "SMS_API_IDEMPOTENT", true, "the provider honours Idempotency-Key; false: an attempt whose answer was lost is looked up (SMS_API_LOOKUP) or ends unknown, never retried blindly")
 	s.String(&c.PermanentCodes, "sms-permanent-codes", "SMS_PERMANENT_CODES", "", "comma-separated provider error codes to treat as permanent, besides 21211,21214,21614,21610,21612")
-	s.Bool(&c.Lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "the provider can be asked which messages it has for a row (generic: GET BASE/v1/messages?reference=; twilio: every page of the number's messages, those created since the row with the same text): an attempt without an answer at a provider without idempotency is settled by a lookup instead of ending unknown")
+	s.Bool(&c.Lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "the provider can be asked which messages it has for a row (generic: GET BASE/v1/messages?reference=; twilio: every page of the number's messages, those created since the row with the same text; vonage: none, refused): an attempt without an answer at a provider without idempotency is settled by a lookup instead of ending unknown")
 	s.Duration(&c.LookupSettle, "sms-api-lookup-settle", "SMS_API_LOOKUP_SETTLE", DefaultLookupSettle, 0, time.Hour, "wait after an attempt without an answer before the lookup; assumes a request the provider accepted shows in its lookup within this time")
 	s.Duration(&c.LookupRetention, "sms-api-lookup-retention", "SMS_API_LOOKUP_RETENTION", DefaultLookupRetention, time.Minute, 10*366*24*time.Hour, "how long the provider keeps a message it accepted visible to lookups; a lookup that finds nothing for a row whose first attempt is older proves nothing, and the row is left unknown rather than settled dead. Set it no longer than the provider's documented retention")
-	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID)")
+	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID; vonage: webhook_url BASE/v1/receipts/vonage)")
 	s.URL(&c.ReceiptsURL, "receipts-public-url", "http", "https")
 	s.Check(c.check)
 }
@@ -79,6 +85,14 @@ func (c *Settings) check() error {
 		return errors.New("TWILIO_AUTH_TOKEN is required with SMS_PROVIDER=twilio")
 	case c.Kind == "twilio" && c.TwilioFrom == "" && c.TwilioService == "":
 		return errors.New("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with SMS_PROVIDER=twilio")
+	case c.Kind == "vonage" && c.VonageKey == "":
+		return errors.New("-vonage-api-key / VONAGE_API_KEY is required with SMS_PROVIDER=vonage")
+	case c.Kind == "vonage" && c.VonageSecret == "":
+		return errors.New("VONAGE_API_SECRET is required with SMS_PROVIDER=vonage")
+	case c.Kind == "vonage" && c.VonageFrom == "":
+		return errors.New("-vonage-from / VONAGE_FROM is required with SMS_PROVIDER=vonage")
+	case c.Kind == "vonage" && c.Lookup:
+		return errors.New("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with SMS_PROVIDER=vonage: Vonage offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)")
 	case strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure:
 		return errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 	case c.LookupRetention <= c.LookupSettle:
@@ -104,13 +118,22 @@ func (c Settings) Client(maxConns int) (*Client, error) {
 		return nil, fmt.Errorf("SMS_PERMANENT_CODES: %w", err)
 	}
 	var cl *Client
-	if c.Kind == "twilio" {
+	switch c.Kind {
+	case "vonage":
+		cl, err = NewVonage(VonageConfig{
+			BaseURL: c.BaseURL, APIKey: c.VonageKey, APISecret: c.VonageSecret, From: c.VonageFrom,
+			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
+		})
+		if errors.Is(err, ErrVonageNoLookup) {
+			return nil, fmt.Errorf("SMS_PROVIDER=vonage: %w", err)
+		}
+	case "twilio":
 		cl, err = NewTwilio(TwilioConfig{
 			BaseURL: c.BaseURL, AccountSID: c.TwilioSID, AuthToken: c.TwilioToken, From: c.TwilioFrom,
 			MessagingServiceSID: c.TwilioService, Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns,
 			ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
-	} else {
+	default:
 		cl, err = New(Config{
 			BaseURL: c.BaseURL, APIKey: c.APIKey, Timeout: c.Timeout, Idempotent: c.Idempotent,
 			PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,

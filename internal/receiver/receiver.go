@@ -3,13 +3,14 @@
 // delivered or undelivered, or from unknown to sent), never backwards; a
 // receipt for a dead row overrules it (the provider had the message).
 //
-// Two endpoints: POST /v1/receipts/generic (JSON, signed with
-// Sendonce-Signature under a shared secret) and POST /v1/receipts/twilio
+// Three endpoints: POST /v1/receipts/generic (JSON, signed with
+// Sendonce-Signature under a shared secret), POST /v1/receipts/twilio
 // (Twilio's form-encoded status callback, signed with X-Twilio-Signature
-// under the account's auth token). A receipt is answered 2xx only once its
-// effect is committed; receipts arriving together share one transaction
-// (a batching window of a few milliseconds), so a storm of receipts does not
-// mean a commit each.
+// under the account's auth token) and POST /v1/receipts/vonage (Vonage's
+// Messages API status webhook, signed with a JWT under its signature
+// secret). A receipt is answered 2xx only once its effect is committed;
+// receipts arriving together share one transaction (a batching window of a
+// few milliseconds), so a storm of receipts does not mean a commit each.
 package receiver
 
 import (
@@ -56,6 +57,9 @@ type Config struct {
 	// TwilioToken verifies Twilio's status callbacks; empty disables
 	// /v1/receipts/twilio.
 	TwilioToken string
+	// VonageSecret verifies Vonage's signed Messages API status webhooks
+	// (its signature secret); empty disables /v1/receipts/vonage.
+	VonageSecret []byte
 	// PublicURL is the receiver's base URL as the provider calls it: a
 	// Twilio signature covers the full URL. Required with TwilioToken.
 	PublicURL string
@@ -121,8 +125,8 @@ func New(cfg Config) (*Receiver, error) {
 	switch {
 	case cfg.Pool == nil:
 		return nil, errors.New("receiver: Config.Pool is required")
-	case len(cfg.Secrets) == 0 && cfg.TwilioToken == "":
-		return nil, errors.New("receiver: a generic secret or a Twilio auth token is required")
+	case len(cfg.Secrets) == 0 && cfg.TwilioToken == "" && len(cfg.VonageSecret) == 0:
+		return nil, errors.New("receiver: a generic secret, a Twilio auth token or a Vonage signature secret is required")
 	case cfg.TwilioToken != "" && cfg.PublicURL == "":
 		return nil, errors.New("receiver: PublicURL is required with a Twilio auth token (the signature covers the URL)")
 	case cfg.MaxBatch < 1 || cfg.Writers < 1 || cfg.Window < 0:
@@ -151,6 +155,9 @@ func (rv *Receiver) Handler() http.Handler {
 	}
 	if rv.cfg.TwilioToken != "" {
 		mux.HandleFunc("/v1/receipts/twilio", rv.twilio)
+	}
+	if len(rv.cfg.VonageSecret) > 0 {
+		mux.HandleFunc("/v1/receipts/vonage", rv.vonage)
 	}
 	return mux
 }
