@@ -171,4 +171,3 @@ func TestLostAnswersNeverReachTheSecondary(t *testing.T) {
 	}
 	t.Logf("%d rows stayed with the silent primary (unknown), %d went to the secondary", lost, moved)
 }
-
