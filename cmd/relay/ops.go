@@ -456,6 +456,9 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	fmt.Fprintf(out, "row %s\n  status        %s\n  to            %s\n  body          %d characters\n  attempts      %d of %d\n  publish gen   %d (stream seq %s)\n  provider ref  %s\n  last error    %s\n  created       %s\n  updated       %s\n  next attempt  %s\n",
 		row.ID, row.Status, row.ToMasked, row.BodyChars, row.Attempts, row.MaxAttempts, row.Gen, seq,
 		dash(row.ProviderRef), dash(row.LastError), ts(row.CreatedAt), ts(row.UpdatedAt), ts(row.NextAttemptAt))
+	if row.Provider != "" {
+		fmt.Fprintf(out, "  provider      %s\n", row.Provider)
+	}
 	if row.MaybeAccepted {
 		fmt.Fprintln(out, "  maybe taken   yes: an attempt may have reached the provider (a lost answer, a 5xx, or a sender that died mid-call)")
 	}
@@ -475,15 +478,15 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 
 	fmt.Fprintf(out, "attempts (%d)\n", len(attempts))
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  #\tSTARTED\tOUTCOME\tHTTP\tCODE\tLATENCY\tSENDER\tERROR")
+	fmt.Fprintln(tw, "  #\tSTARTED\tOUTCOME\tPROVIDER\tHTTP\tCODE\tLATENCY\tSENDER\tERROR")
 	for _, a := range attempts {
 		if a.FromRow {
 			// The row's own record of a first attempt that was sent: the
 			// time its acceptance was written, no call details.
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t-\t-\t-\t-\t(from the row: sent_at)\n", a.Number, ts(a.StartedAt), a.Outcome)
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t-\t-\t-\t-\t(from the row: sent_at)\n", a.Number, ts(a.StartedAt), a.Outcome, dash(a.Provider))
 			continue
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", a.Number, ts(a.StartedAt), a.Outcome, a.HTTPStatus, a.ProviderCode,
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", a.Number, ts(a.StartedAt), a.Outcome, dash(a.Provider), a.HTTPStatus, a.ProviderCode,
 			a.Latency.Round(time.Microsecond), dash(a.Sender), dash(a.Error))
 	}
 	if err := tw.Flush(); err != nil {

@@ -98,9 +98,19 @@ type resolution struct {
 
 func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) error {
 	c.provider.Lookup = true // resolve is a lookup
-	prov, err := c.provider.Client(8)
+	provs, err := c.provider.Clients(8)
 	if err != nil {
 		return err
+	}
+	// A row is looked up at the provider it names: the only one that may
+	// have its message (the first when it names none).
+	providerOf := func(name string) *provider.Client {
+		for _, p := range provs {
+			if p.Name == name || (name == "" && p == provs[0]) {
+				return p.Client
+			}
+		}
+		return nil
 	}
 	poolCfg, err := outbox.PoolConfig(c.db.URL, c.db.Pooler)
 	if err != nil {
@@ -111,7 +121,10 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer pool.Close()
-	content := c.provider.Kind == "twilio"
+	content := false
+	for _, p := range provs {
+		content = content || p.Client.LookupByContent()
+	}
 	rows, err := outbox.UnknownRows(ctx, pool, outbox.UnknownQuery{ID: id, Limit: c.limit, Settle: c.provider.LookupSettle,
 		Retention: c.provider.LookupRetention, Content: content})
 	if err != nil {
@@ -136,6 +149,11 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
+			prov := providerOf(r.Provider)
+			if prov == nil {
+				res[i].lookup = provider.LookupResult{Err: fmt.Errorf("the row's provider %q is not in SMS_PROVIDERS", r.Provider)}
+				return
+			}
 			res[i].lookup = prov.Lookup(ctx, provider.LookupQuery{Reference: r.ID.String(), To: r.To, Body: r.Body, Since: r.CreatedAt})
 		})
 	}

@@ -122,9 +122,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // root goes to the packages, which name their component on it; log is
 // the command's own.
 func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
-	prov, err := c.provider.Client(c.concurrency)
+	provs, err := c.provider.Clients(c.concurrency)
 	if err != nil {
 		return err
+	}
+	prov := provs[0].Client
+	var routes []sender.Route
+	if c.provider.Failover() {
+		for _, p := range provs {
+			routes = append(routes, sender.Route{Name: p.Name, Provider: p.Client})
+		}
 	}
 
 	tel, err := service.StartTelemetry(c.HTTPAddr, log)
@@ -158,7 +165,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		return fmt.Errorf("SMS_RATE_LIMIT: %w", err)
 	}
 	snd, err = sender.New(sender.Config{
-		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Concurrency: c.concurrency,
+		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Routes: routes, Concurrency: c.concurrency,
 		ClaimLinger: cmp.Or(c.claimLinger, -1), WriteLinger: cmp.Or(c.writeLinger, -1),
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,
@@ -168,7 +175,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		return err
 	}
 	sweep, err := sender.NewReceiptSweep(sender.ReceiptSweepConfig{
-		Pool: conns.Pool, Provider: prov, Receipts: c.provider.ReceiptsURL != "", Overdue: c.overdue,
+		Pool: conns.Pool, Provider: prov, Routes: routes, Receipts: c.provider.ReceiptsURL != "", Overdue: c.overdue,
 		Looks: c.overdueLooks, Rate: c.overdueRate, Flow: lim, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, Logger: root, Registerer: reg,
 	})
@@ -188,7 +195,8 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	}
 	stall := max(time.Minute, 2*lease)
 	tel.SetReady(func() error { return snd.Ready(stall) })
-	log.Info("sender started", "provider", c.provider.Kind, "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
+	names, _ := c.provider.Names()
+	log.Info("sender started", "providers", strings.Join(names, ","), "concurrency", c.concurrency, "idempotent_provider", prov.Idempotent(),
 		"api_timeout", c.provider.Timeout.String(), "rate_limit", c.rateLimit,
 		"lookups", prov.CanLookup() && !prov.Idempotent(), "receipts", c.provider.ReceiptsURL != "",
 		"receipt_sweep", sweep.Enabled())

@@ -55,6 +55,9 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"receipt overdue too short", map[string]string{"SENDER_RECEIPT_OVERDUE": "30s"}, nil, "SENDER_RECEIPT_OVERDUE"},
 		{"receipt overdue looks", map[string]string{"SENDER_RECEIPT_OVERDUE_LOOKS": "0"}, nil, "SENDER_RECEIPT_OVERDUE_LOOKS"},
 		{"receipt overdue rate", map[string]string{"SENDER_RECEIPT_OVERDUE_RATE": "0"}, nil, "SENDER_RECEIPT_OVERDUE_RATE"},
+		{"unknown provider in the list", map[string]string{"SMS_PROVIDERS": "generic,acme"}, nil, "SMS_PROVIDERS"},
+		{"provider listed twice", map[string]string{"SMS_PROVIDERS": "generic,generic"}, nil, "SMS_PROVIDERS"},
+		{"listed provider without credentials", map[string]string{"SMS_PROVIDERS": "generic,twilio"}, nil, "TWILIO_ACCOUNT_SID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -238,6 +238,9 @@ type Row struct {
 	// Lookups counts the lookups that failed.
 	LookupPending bool
 	Lookups       int
+	// Provider is the provider the row belongs to; empty for a row no
+	// claim has named one for.
+	Provider string
 }
 
 // GetRow reads one row for a trace; its free text is made fit for an
@@ -248,9 +251,9 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	var ref, lastErr, reason *string
 	var leaseUntil *time.Time
 	const rest = `attempt_count, max_attempts, publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at,
-		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq, lookup_pending, lookups`
+		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq, lookup_pending, lookups, coalesce(provider, '')`
 	dest := []any{&r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt,
-		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq, &r.LookupPending, &r.Lookups}
+		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq, &r.LookupPending, &r.Lookups, &r.Provider}
 	err := q.QueryRow(ctx, `SELECT id, status, to_e164, char_length(body), `+rest+` FROM sms_outbox WHERE id = $1`, id).
 		Scan(append([]any{&r.ID, &r.Status, &to, &r.BodyChars}, dest...)...)
 	var pgErr *pgconn.PgError
@@ -272,6 +275,7 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 		r.ToMasked = MaskPhone(to)
 	}
 	r.setText(ref, lastErr, reason)
+	r.Provider = safetext.Clean(r.Provider)
 	if leaseUntil != nil {
 		r.LeaseUntil = *leaseUntil
 	}
@@ -298,26 +302,26 @@ func (r *Row) setText(ref, lastErr, reason *string) {
 // attempt when it was sent, which only the row describes (FromRow).
 func Attempts(ctx context.Context, q Querier, id uuid.UUID) ([]Attempt, error) {
 	rows, _ := q.Query(ctx, `SELECT outbox_id, attempt, started_at, coalesce(latency_ms, 0), outcome,
-			coalesce(http_status, 0), coalesce(provider_code, 0), coalesce(error, ''), coalesce(sender, ''), false, id
+			coalesce(http_status, 0), coalesce(provider_code, 0), coalesce(error, ''), coalesce(sender, ''), coalesce(provider, ''), false, id
 		FROM sms_attempts WHERE outbox_id = $1
 		UNION ALL
 		-- A row of generation 0 accepted on its first attempt with no record
 		-- of that attempt (a 429 before it spent no attempt, and is logged):
 		-- its last event. A replayed or republished row's attempts are all
 		-- logged.
-		SELECT o.id, 1, o.sent_at, 0, 'sent', 0, 0, '', '', true, 9223372036854775807
+		SELECT o.id, 1, o.sent_at, 0, 'sent', 0, 0, '', '', coalesce(o.provider, ''), true, 9223372036854775807
 		FROM sms_outbox o
 		WHERE o.id = $1 AND o.sent_at IS NOT NULL AND o.attempt_count = 1 AND o.publish_gen = 0
 		  AND NOT EXISTS (SELECT 1 FROM sms_attempts a
 			WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
-		ORDER BY 11`, id)
+		ORDER BY 12`, id)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
 		var ms float64
 		var ord int64
-		err := r.Scan(&a.OutboxID, &a.Number, &a.StartedAt, &ms, &a.Outcome, &a.HTTPStatus, &a.ProviderCode, &a.Error, &a.Sender, &a.FromRow, &ord)
+		err := r.Scan(&a.OutboxID, &a.Number, &a.StartedAt, &ms, &a.Outcome, &a.HTTPStatus, &a.ProviderCode, &a.Error, &a.Sender, &a.Provider, &a.FromRow, &ord)
 		a.Latency = time.Duration(ms * float64(time.Millisecond))
-		a.Error, a.Sender = safetext.Field(a.Error), safetext.Clean(a.Sender)
+		a.Error, a.Sender, a.Provider = safetext.Field(a.Error), safetext.Clean(a.Sender), safetext.Clean(a.Provider)
 		return a, err
 	})
 	if err != nil {

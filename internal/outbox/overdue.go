@@ -113,6 +113,8 @@ type OverdueRow struct {
 	CreatedAt, SentAt time.Time
 	// Look is this look's number, from 1.
 	Look int
+	// Provider is the provider the row belongs to; "" when it names none.
+	Provider string
 }
 
 // claimOverdueSQL claims up to $1 marked rows whose look is due, through
@@ -131,7 +133,7 @@ SET lookups = least(o.lookups + 1, 32767),
     next_attempt_at = clock_timestamp() + greatest($3::float8,
         coalesce(($2::float8[])[o.lookups + 1], ($2::float8[])[cardinality($2::float8[])])) * interval '1 second'
 FROM due WHERE o.id = due.id
-RETURNING o.id, o.to_e164, o.body, coalesce(o.provider_ref, ''), o.created_at, o.updated_at, o.lookups`
+RETURNING o.id, o.to_e164, o.body, coalesce(o.provider_ref, ''), o.created_at, o.updated_at, o.lookups, coalesce(o.provider, '')`
 
 // ClaimOverdue claims up to limit marked rows whose next look is due, the
 // longest due first, skipping rows another transaction holds. Claiming is
@@ -155,7 +157,7 @@ func ClaimOverdue(ctx context.Context, q Querier, limit int, schedule []time.Dur
 			o    OverdueRow
 			look int16
 		)
-		err := r.Scan(&o.ID, &o.To, &o.Body, &o.ProviderRef, &o.CreatedAt, &o.SentAt, &look)
+		err := r.Scan(&o.ID, &o.To, &o.Body, &o.ProviderRef, &o.CreatedAt, &o.SentAt, &look, &o.Provider)
 		o.Look = int(look)
 		return o, err
 	})

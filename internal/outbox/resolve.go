@@ -27,6 +27,8 @@ type UnknownRow struct {
 	// BeyondRetention: the first attempt is older than the provider's
 	// lookup retention asked, so that what it sent may no longer show.
 	BeyondRetention bool
+	// Provider is the provider the row belongs to; "" when it names none.
+	Provider string
 }
 
 // UnknownQuery selects the unknown rows relay resolve looks up.
@@ -54,8 +56,8 @@ func UnknownRows(ctx context.Context, db Querier, q UnknownQuery) ([]UnknownRow,
 		cols = `o.to_e164, o.body`
 	}
 	rows, _ := db.Query(ctx, `SELECT id, publish_gen, to_e164, body, created_at, first_attempt,
-			updated_at <= now() - $3::interval, first_attempt <= now() - $4::interval
-		FROM (SELECT o.id, o.publish_gen, `+cols+`, o.created_at, o.updated_at,
+			updated_at <= now() - $3::interval, first_attempt <= now() - $4::interval, provider
+		FROM (SELECT o.id, o.publish_gen, `+cols+`, o.created_at, o.updated_at, coalesce(o.provider, '') AS provider,
 			coalesce((SELECT CASE WHEN a.attempt = 1 THEN a.started_at END FROM sms_attempts a
 				-- The calls, not a 429 (taken by nobody) or a lookup; nor
 				-- the reconciler's record of a dead attempt, made later.
@@ -69,7 +71,7 @@ func UnknownRows(ctx context.Context, db Querier, q UnknownQuery) ([]UnknownRow,
 		ORDER BY updated_at`, nullUUID(q.ID), q.Limit, q.Settle, q.Retention)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnknownRow, error) {
 		var u UnknownRow
-		err := r.Scan(&u.ID, &u.Gen, &u.To, &u.Body, &u.CreatedAt, &u.FirstAttempt, &u.Settled, &u.BeyondRetention)
+		err := r.Scan(&u.ID, &u.Gen, &u.To, &u.Body, &u.CreatedAt, &u.FirstAttempt, &u.Settled, &u.BeyondRetention, &u.Provider)
 		return u, err
 	})
 	if err != nil {

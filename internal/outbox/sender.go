@@ -87,6 +87,20 @@ type Claim struct {
 	// does not find its previous delivery there may have lost it, with its
 	// outcome, to a failover.
 	PrevDelivery Delivery
+	// Provider is the provider the row belongs to (set when claimed; empty
+	// for a row claimed without Providers): every provider that may hold
+	// its message, since a row moves only where none can (Repin).
+	Provider string
+}
+
+// Providers names the provider a claim gives a row that has none.
+type Providers struct {
+	// Preferred is where new work goes now: a row never attempted takes it.
+	Preferred string
+	// Primary is the first provider configured: a row attempted before
+	// rows named their provider (before migration 0019) was attempted
+	// there, or nowhere.
+	Primary string
 }
 
 // Delivery names one delivery of one message: the message's stream
@@ -117,6 +131,12 @@ type Delivery struct {
 // claim_delivery), and the delivery the row showed before is returned as
 // Claim.PrevDelivery.
 func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, from []Delivery, lease time.Duration, token uuid.UUID) ([]Claim, error) {
+	return ClaimForSendTo(ctx, q, ids, from, lease, token, Providers{})
+}
+
+// ClaimForSendTo is ClaimForSend that also names the provider of each row
+// claimed that has none (Providers), and returns it as Claim.Provider.
+func ClaimForSendTo(ctx context.Context, q Querier, ids []uuid.UUID, from []Delivery, lease time.Duration, token uuid.UUID, p Providers) ([]Claim, error) {
 	seqs, counts := make([]int64, len(ids)), make([]int32, len(ids))
 	if from != nil {
 		if len(from) != len(ids) {
@@ -146,7 +166,8 @@ WITH cur AS (
 	    claim_id = $3, lease_until = clock_timestamp() + $2::interval, updated_at = clock_timestamp(),
 	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
 	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(d.seq, 0) END,
-	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(d.delivery, 0) END
+	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(d.delivery, 0) END,
+	    provider = coalesce(o.provider, nullif(CASE WHEN o.attempt_count = 0 THEN $6 ELSE $7 END, ''))
 	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
 	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[]) AS d(id, seq, delivery) USING (id)
 	WHERE o.id = cur.id
@@ -154,14 +175,14 @@ WITH cur AS (
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
 	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
 	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at,
-	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups
+	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider
 )
 SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
        coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
-       clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0)
+       clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, '')
 FROM cur
-LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts)
+LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
 		var (
 			c          Claim
@@ -180,7 +201,7 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 			prevCount  int32
 		)
 		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
-			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount); err != nil {
+			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount, &c.Provider); err != nil {
 			return c, err
 		}
 		switch {
@@ -231,6 +252,21 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 		}
 	}
 	return claims, nil
+}
+
+// Repin moves a claimed row from the provider from to the provider to,
+// while the claim token still holds it, and reports whether it did. The
+// sender moves a row only when none of its attempts can have reached from,
+// and before it calls to: so the row always names the one provider that
+// may hold its message, even if the sender dies right after the call.
+func Repin(ctx context.Context, q Querier, id, token uuid.UUID, from, to string) (bool, error) {
+	tag, err := q.Exec(ctx, `UPDATE sms_outbox SET provider = $4
+		WHERE id = $1 AND claim_id = $2 AND status = 'sending' AND provider IS NOT DISTINCT FROM nullif($3, '')`,
+		[16]byte(id), [16]byte(token), from, to)
+	if err != nil {
+		return false, fmt.Errorf("outbox: move a row to provider %s: %w", to, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // Result is the outcome of one attempt, to be written to its row.
@@ -320,6 +356,9 @@ type Attempt struct {
 	Error string
 	// Sender names the process that made the attempt.
 	Sender string
+	// Provider names the provider the attempt went to; empty when the
+	// sender has one provider and no name for it.
+	Provider string
 	// FromRow marks a first attempt that was sent, of a row never replayed
 	// or republished, which the senders do not log: Attempts describes it
 	// from its row, with StartedAt the time
@@ -758,6 +797,7 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 		codes    = make([]*int32, n)
 		errs     = make([]*string, n)
 		senders  = make([]string, n)
+		provs    = make([]*string, n)
 	)
 	for i, a := range attempts {
 		ids[i], numbers[i], started[i], outcomes[i], senders[i] = a.OutboxID, int32(a.Number), a.StartedAt, a.Outcome, a.Sender
@@ -777,11 +817,15 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 			e := clean(a.Error)
 			errs[i] = &e
 		}
+		if a.Provider != "" {
+			p := a.Provider
+			provs[i] = &p
+		}
 	}
 	sql := `INSERT INTO sms_attempts
-		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender)
+		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender, provider)
 		SELECT v.* FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
-		                       $6::int[], $7::int[], $8::text[], $9::text[]) AS v(outbox_id, attempt, started_at)
+		                       $6::int[], $7::int[], $8::text[], $9::text[], $10::text[]) AS v(outbox_id, attempt, started_at)
 		-- A row that is gone keeps no record: its insert was lost with a
 		-- failed-over primary, while a sender held its outcome.
 		JOIN sms_outbox o ON o.id = v.outbox_id`
@@ -794,7 +838,7 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 			LIMIT 1) seen ON true
 		WHERE seen.dup IS NULL`
 	}
-	_, err := tx.Exec(ctx, sql, uuidArray(ids), numbers, started, latency, outcomes, statuses, codes, errs, senders)
+	_, err := tx.Exec(ctx, sql, uuidArray(ids), numbers, started, latency, outcomes, statuses, codes, errs, senders, provs)
 	if err != nil {
 		return fmt.Errorf("outbox: record attempts: %w", err)
 	}

@@ -3,6 +3,7 @@ package provider
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,8 +28,13 @@ const DefaultLookupRetention = 24 * time.Hour
 // sender, and relay resolve), bound to flags and environment variables by
 // BindSettings.
 type Settings struct {
-	Kind           string // generic, twilio or vonage
+	Kind string // generic, twilio or vonage
+	// Providers is SMS_PROVIDERS: an ordered failover list of kinds, or
+	// empty for Kind alone.
+	Providers      string
+	VonageBaseURL  string
 	BaseURL        string
+	TwilioBaseURL  string
 	AllowInsecure  bool
 	APIKey         string
 	TwilioSID      string
@@ -53,8 +59,13 @@ type Settings struct {
 // BindSettings binds the provider settings to s.
 func BindSettings(s *envflag.Set, c *Settings) {
 	s.Enum(&c.Kind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio", "vonage"}, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md), twilio or vonage (the Messages API); twilio and vonage are never idempotent (docs/providers.md)")
-	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com; vonage: default https://api.nexmo.com")
+	s.String(&c.Providers, "sms-providers", "SMS_PROVIDERS", "", "an ordered list of providers to fail over between, instead of SMS_PROVIDER (e.g. twilio,vonage): a message goes to the first whose circuit is closed and moves to the next only when its provider certainly did not take it (the request never left, a 503, or the circuit open), never after an answer was lost (docs/providers.md)")
+	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com; vonage: default https://api.nexmo.com (with SMS_PROVIDERS, TWILIO_API_BASE and VONAGE_API_BASE instead)")
+	s.String(&c.VonageBaseURL, "vonage-api-base", "VONAGE_API_BASE", "", "vonage: API base URL, default https://api.nexmo.com (or SMS_API_BASE when vonage is the only provider)")
+	s.URL(&c.VonageBaseURL, "vonage-api-base", "http", "https")
 	s.URL(&c.BaseURL, "sms-api-base", "http", "https")
+	s.String(&c.TwilioBaseURL, "twilio-api-base", "TWILIO_API_BASE", "", "twilio: API base URL, default https://api.twilio.com (or SMS_API_BASE when twilio is the only provider)")
+	s.URL(&c.TwilioBaseURL, "twilio-api-base", "http", "https")
 	s.Bool(&c.AllowInsecure, "sms-api-allow-insecure", "SMS_API_ALLOW_INSECURE", false, "allow an http:// SMS_API_BASE (development and tests only: the key and the messages would cross the network in clear)")
 	s.Secret(&c.APIKey, "sms-api-key", "SMS_API_KEY", "generic provider API key, sent as a Bearer token")
 	s.String(&c.TwilioSID, "twilio-account-sid", "TWILIO_ACCOUNT_SID", "", "twilio: account SID (basic-auth user)")
@@ -75,26 +86,72 @@ func BindSettings(s *envflag.Set, c *Settings) {
 	s.Check(c.check)
 }
 
+// Kinds are the provider kinds SMS_PROVIDER and SMS_PROVIDERS name.
+var Kinds = []string{"generic", "twilio", "vonage"}
+
+// Names returns the providers in order: SMS_PROVIDERS, or SMS_PROVIDER
+// alone.
+func (c *Settings) Names() ([]string, error) {
+	if strings.TrimSpace(c.Providers) == "" {
+		return []string{c.Kind}, nil
+	}
+	var names []string
+	for _, f := range strings.Split(c.Providers, ",") {
+		f = strings.TrimSpace(f)
+		switch {
+		case f == "":
+			continue
+		case !slices.Contains(Kinds, f):
+			return nil, fmt.Errorf("-sms-providers / SMS_PROVIDERS: unknown provider %q (known: %s)", f, strings.Join(Kinds, ", "))
+		case slices.Contains(names, f):
+			return nil, fmt.Errorf("-sms-providers / SMS_PROVIDERS: %q is named twice", f)
+		}
+		names = append(names, f)
+	}
+	if len(names) == 0 {
+		return nil, errors.New("-sms-providers / SMS_PROVIDERS names no provider")
+	}
+	return names, nil
+}
+
+// Failover reports whether SMS_PROVIDERS names the providers.
+func (c *Settings) Failover() bool { return strings.TrimSpace(c.Providers) != "" }
+
 func (c *Settings) check() error {
+	names, err := c.Names()
+	if err != nil {
+		return err
+	}
+	with := func(kind string) string {
+		if c.Failover() {
+			return kind + " in SMS_PROVIDERS"
+		}
+		return "SMS_PROVIDER=" + kind
+	}
+	has := func(k string) bool { return slices.Contains(names, k) }
 	switch {
-	case c.Kind == "generic" && c.BaseURL == "":
+	case has("generic") && c.BaseURL == "":
 		return errors.New("-sms-api-base / SMS_API_BASE is required")
-	case c.Kind == "twilio" && c.TwilioSID == "":
-		return errors.New("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with SMS_PROVIDER=twilio")
-	case c.Kind == "twilio" && c.TwilioToken == "":
-		return errors.New("TWILIO_AUTH_TOKEN is required with SMS_PROVIDER=twilio")
-	case c.Kind == "twilio" && c.TwilioFrom == "" && c.TwilioService == "":
-		return errors.New("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with SMS_PROVIDER=twilio")
-	case c.Kind == "vonage" && c.VonageKey == "":
-		return errors.New("-vonage-api-key / VONAGE_API_KEY is required with SMS_PROVIDER=vonage")
-	case c.Kind == "vonage" && c.VonageSecret == "":
-		return errors.New("VONAGE_API_SECRET is required with SMS_PROVIDER=vonage")
-	case c.Kind == "vonage" && c.VonageFrom == "":
-		return errors.New("-vonage-from / VONAGE_FROM is required with SMS_PROVIDER=vonage")
-	case c.Kind == "vonage" && c.Lookup:
-		return errors.New("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with SMS_PROVIDER=vonage: Vonage offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)")
+	case has("twilio") && c.TwilioSID == "":
+		return fmt.Errorf("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with %s", with("twilio"))
+	case has("twilio") && c.TwilioToken == "":
+		return fmt.Errorf("TWILIO_AUTH_TOKEN is required with %s", with("twilio"))
+	case has("twilio") && c.TwilioFrom == "" && c.TwilioService == "":
+		return fmt.Errorf("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with %s", with("twilio"))
+	case has("vonage") && c.VonageKey == "":
+		return fmt.Errorf("-vonage-api-key / VONAGE_API_KEY is required with %s", with("vonage"))
+	case has("vonage") && c.VonageSecret == "":
+		return fmt.Errorf("VONAGE_API_SECRET is required with %s", with("vonage"))
+	case has("vonage") && c.VonageFrom == "":
+		return fmt.Errorf("-vonage-from / VONAGE_FROM is required with %s", with("vonage"))
+	case has("vonage") && c.Lookup:
+		return fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Vonage offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("vonage"))
+	case strings.HasPrefix(strings.ToLower(c.VonageBaseURL), "http://") && !c.AllowInsecure:
+		return errors.New("-vonage-api-base / VONAGE_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 	case strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure:
 		return errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
+	case strings.HasPrefix(strings.ToLower(c.TwilioBaseURL), "http://") && !c.AllowInsecure:
+		return errors.New("-twilio-api-base / TWILIO_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 	case c.LookupRetention <= c.LookupSettle:
 		return fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) must be longer than SMS_API_LOOKUP_SETTLE (%s): a lookup after the settle time must still see the message", c.LookupRetention, c.LookupSettle)
 	}
@@ -107,29 +164,66 @@ func (c *Settings) check() error {
 // LooksUp reports whether an attempt without an answer is settled by a
 // lookup: lookups are on and the provider would send a retry again.
 func (c Settings) LooksUp() bool {
-	return c.Lookup && (c.Kind == "twilio" || !c.Idempotent)
+	names, _ := c.Names()
+	return c.Lookup && (slices.Contains(names, "twilio") || (slices.Contains(names, "generic") && !c.Idempotent))
 }
 
-// Client returns the client the settings describe, with at most maxConns
-// connections.
+// Named is one provider of the settings, with its name.
+type Named struct {
+	Name   string
+	Client *Client
+}
+
+// Clients returns a client per provider, in order (SMS_PROVIDERS, or
+// SMS_PROVIDER alone), each with at most maxConns connections.
+func (c Settings) Clients(maxConns int) ([]Named, error) {
+	names, err := c.Names()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Named, 0, len(names))
+	for _, n := range names {
+		cl, err := c.client(n, maxConns)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Named{Name: n, Client: cl})
+	}
+	return out, nil
+}
+
+// Client returns the client the settings describe (SMS_PROVIDER), with at
+// most maxConns connections.
 func (c Settings) Client(maxConns int) (*Client, error) {
+	return c.client(c.Kind, maxConns)
+}
+
+func (c Settings) client(kind string, maxConns int) (*Client, error) {
 	codes, err := parseCodes(c.PermanentCodes)
 	if err != nil {
 		return nil, fmt.Errorf("SMS_PERMANENT_CODES: %w", err)
 	}
 	var cl *Client
-	switch c.Kind {
+	switch kind {
 	case "vonage":
+		base := c.VonageBaseURL
+		if base == "" && !c.Failover() {
+			base = c.BaseURL
+		}
 		cl, err = NewVonage(VonageConfig{
-			BaseURL: c.BaseURL, APIKey: c.VonageKey, APISecret: c.VonageSecret, From: c.VonageFrom,
+			BaseURL: base, APIKey: c.VonageKey, APISecret: c.VonageSecret, From: c.VonageFrom,
 			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
 		if errors.Is(err, ErrVonageNoLookup) {
 			return nil, fmt.Errorf("SMS_PROVIDER=vonage: %w", err)
 		}
 	case "twilio":
+		base := c.TwilioBaseURL
+		if base == "" && !c.Failover() {
+			base = c.BaseURL
+		}
 		cl, err = NewTwilio(TwilioConfig{
-			BaseURL: c.BaseURL, AccountSID: c.TwilioSID, AuthToken: c.TwilioToken, From: c.TwilioFrom,
+			BaseURL: base, AccountSID: c.TwilioSID, AuthToken: c.TwilioToken, From: c.TwilioFrom,
 			MessagingServiceSID: c.TwilioService, Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns,
 			ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
@@ -140,6 +234,12 @@ func (c Settings) Client(maxConns int) (*Client, error) {
 		})
 	}
 	if err != nil {
+		switch kind {
+		case "twilio":
+			return nil, fmt.Errorf("TWILIO_API_BASE / SMS_API_BASE: %w", err)
+		case "vonage":
+			return nil, fmt.Errorf("VONAGE_API_BASE / SMS_API_BASE: %w", err)
+		}
 		return nil, fmt.Errorf("SMS_API_BASE: %w", err)
 	}
 	return cl, nil

@@ -49,19 +49,44 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 			s.log.Log(ctx, level, msg, append([]any{"outbox_id", c.ID.String(), "attempt", c.Attempt}, args...)...)
 		}
 	}
+	r := s.route(c.Provider)
+	if r == nil {
+		// A provider this sender was not given (a rolling change of
+		// SMS_PROVIDERS): the row may be that provider's, so it waits for a
+		// sender that has it, and is never sent elsewhere.
+		s.metrics.heldBack.WithLabelValues("provider_unknown").Inc()
+		logAt(slog.LevelWarn, "row belongs to a provider this sender does not have; left for one that has it", "provider", c.Provider)
+		v := verdict{status: outbox.StatusQueued, action: nak, delay: max(s.cfg.MaxNakDelay, time.Second), refund: true,
+			errText: "the row's provider is not among this sender's SMS_PROVIDERS; waiting for a sender that has it"}
+		if s.lastDelivery(h.md) {
+			v.action, v.park = ack, true
+		}
+		s.calling.Add(-1)
+		results <- result{held: h, createdAt: c.CreatedAt, action: v.action, delay: v.delay, row: outbox.Result{
+			ID: c.ID, Status: v.status, Error: v.errText, RetryIn: v.delay, Park: v.park, Token: c.Token,
+			MaybeAccepted: c.MaybeAccepted, LookupPending: c.LookupPending, Refund: true, Attempt: c.Attempt, Gen: c.Gen}}
+		return false
+	}
+	p := r.Provider
 	f := facts{
-		stale: c.Result == outbox.ClaimedStale, idempotent: s.cfg.Provider.Idempotent(),
+		stale: c.Result == outbox.ClaimedStale, idempotent: p.Idempotent(),
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
-		lastDelivery: s.lastDelivery(h.md), canLookup: s.cfg.Provider.CanLookup(),
+		lastDelivery: s.lastDelivery(h.md), canLookup: p.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
 		redelivered: unaccounted(h.md, c.PrevDelivery),
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
-	if f.looksUp() {
+	if f.looksUp() || s.failover() {
 		f.beyondDedup = c.Attempt == 1 && c.Gen == 0 && s.horizon.beyond(c.Age, c.CreatedAt)
+	}
+	if f.looksUp() {
 		f.lookupWait = lookupWait(c, pol.settle)
 		f.pastRetention = s.cfg.LookupRetention > 0 && c.Age > s.cfg.LookupRetention
 	}
+	// A row may move to another provider only while nothing says an
+	// earlier attempt can have reached this one: the same doubts that make
+	// a provider without idempotency look a row up first.
+	movable := s.failover() && !f.doubtful()
 	res := result{held: h, createdAt: c.CreatedAt}
 	v := decide(f, nil, pol)
 	// The lookup and the call run to their own timeouts even during
@@ -69,15 +94,23 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	// never past the claim's lease.
 	leased, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
+	if v.call && movable && !r.br.Ready() {
+		// Its circuit is open: the row goes to the next provider that
+		// takes calls, named in the row before it is called there.
+		if alt := s.alternative(r); alt != nil && s.repin(leased, c, r, alt) {
+			r, p = alt, alt.Provider
+			f.idempotent, f.canLookup = p.Idempotent(), p.CanLookup()
+		}
+	}
 	var lookup *outbox.Evidence
 	if v.lookup {
 		// Ask the provider what became of the earlier attempts. Every
 		// attempt carried the same reference, so one lookup covers them all.
 		started := time.Now()
 		q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
-		lr := s.cfg.Provider.Lookup(leased, q)
-		if lr.Err == nil && len(lr.Found) > 0 && s.cfg.Provider.LookupByContent() {
-			lr = s.attributeFound(leased, c, q, lr)
+		lr := p.Lookup(leased, q)
+		if lr.Err == nil && len(lr.Found) > 0 && p.LookupByContent() {
+			lr = s.attributeFound(leased, c, p, q, lr)
 		}
 		v = decideLookup(f, lr, pol)
 		result := lookupOf(lr)
@@ -87,7 +120,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 			ReceivedAt: time.Now(), Source: "sender"}
 		res.attempts = append(res.attempts, outbox.Attempt{
 			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: lr.Latency, Outcome: "lookup",
-			Error: lookup.Detail, Sender: s.cfg.Name,
+			Error: lookup.Detail, Sender: s.cfg.Name, Provider: r.Name,
 		})
 		if v.notAccepted {
 			// No earlier attempt reached the provider: what follows is
@@ -99,13 +132,13 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	if v.call && lookup != nil && s.cfg.Flow != nil {
 		// The lookup spent the claim's token: the call waits for another,
 		// but not past the last moment it may start within the lease.
-		wctx, cancel := context.WithDeadline(leased, deadline.Add(-s.cfg.Provider.Timeout()))
+		wctx, cancel := context.WithDeadline(leased, deadline.Add(-p.Timeout()))
 		if err := s.cfg.Flow.Wait(wctx); err != nil {
 			deadline = time.Now() // no token in time: as if the lease ran short
 		}
 		cancel()
 	}
-	if v.call && time.Until(deadline) < s.cfg.Provider.Timeout() {
+	if v.call && time.Until(deadline) < p.Timeout() {
 		// A slow claim or lookup left too little of the lease for the call.
 		notAccepted := v.notAccepted
 		v = decideNoTime(f, lookup != nil, pol)
@@ -117,9 +150,28 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	}
 	started := time.Now()
 	var out provider.Outcome
-	called := v.call
+	called, moved := v.call, false
 	if called {
-		out = s.cfg.Provider.Send(leased, provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
+		out = s.call(leased, r, c)
+		if notTaken(out) && movable {
+			// Certainly not taken: the next provider that takes calls gets
+			// the row, named in it first, if the lease leaves time and a
+			// token comes in time.
+			if alt := s.alternative(r); alt != nil && time.Until(deadline) >= alt.Provider.Timeout() && s.flowToken(leased, deadline, alt) &&
+				s.repin(leased, c, r, alt) {
+				logAt(slog.LevelInfo, "provider did not take the message; moved to the next", "from", r.Name, "to", alt.Name,
+					"http_status", out.HTTPStatus, "reason", out.Reason)
+				res.attempts = append(res.attempts, outbox.Attempt{
+					OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: out.Latency, Outcome: "retry",
+					HTTPStatus: out.HTTPStatus, ProviderCode: out.Code, Sender: s.cfg.Name, Provider: r.Name,
+					Error: "not taken, moved to " + alt.Name + ": " + out.Error(),
+				})
+				r, p, moved = alt, alt.Provider, true
+				f.idempotent, f.canLookup = p.Idempotent(), p.CanLookup()
+				started = time.Now()
+				out = s.call(leased, r, c)
+			}
+		}
 		s.metrics.providerSeconds.Observe(out.Latency.Seconds())
 		logAt(slog.LevelDebug, "provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus,
 			"provider_code", out.Code, "latency", out.Latency.String())
@@ -165,11 +217,11 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	// entries. outbox.Attempts shows it from the row. After a replay the
 	// count starts again beside the older generation's records, so the
 	// row alone could not tell which attempt 1 it describes.
-	firstSent := v.outcome == "sent" && c.Attempt == 1 && c.Gen == 0
+	firstSent := v.outcome == "sent" && c.Attempt == 1 && c.Gen == 0 && !moved
 	if v.outcome != "" && v.outcome != "lookup" && !firstSent {
 		res.attempts = append(res.attempts, outbox.Attempt{
 			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: out.Latency, Outcome: v.outcome,
-			HTTPStatus: out.HTTPStatus, ProviderCode: out.Code, Error: v.errText, Sender: s.cfg.Name,
+			HTTPStatus: out.HTTPStatus, ProviderCode: out.Code, Error: v.errText, Sender: s.cfg.Name, Provider: r.Name,
 		})
 	}
 	if v.letter {
@@ -191,10 +243,10 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 // and text holds is that row's, and while such a row's message is not
 // identified, nothing found can be told apart from it, so the lookup
 // settles nothing (an error: asked again later, then unknown).
-func (s *Sender) attributeFound(ctx context.Context, c outbox.Claim, q provider.LookupQuery, lr provider.LookupResult) provider.LookupResult {
+func (s *Sender) attributeFound(ctx context.Context, c outbox.Claim, p Provider, q provider.LookupQuery, lr provider.LookupResult) provider.LookupResult {
 	dbCtx, cancel := context.WithTimeout(ctx, s.cfg.DBTimeout)
 	defer cancel()
-	twins, err := outbox.Twins(dbCtx, s.cfg.Pool, c.ID, c.To, c.Body, twinsSince(q.Since, lr.Found, s.cfg.Provider.Timeout()))
+	twins, err := outbox.Twins(dbCtx, s.cfg.Pool, c.ID, c.To, c.Body, twinsSince(q.Since, lr.Found, p.Timeout()))
 	if err != nil {
 		lr.Found, lr.Err = nil, fmt.Errorf("lookup: read the rows with the same text: %w", err)
 		return lr
@@ -269,4 +321,30 @@ func lookupDetail(r provider.LookupResult) string {
 		return fmt.Sprintf("lookup: the provider has the message (%s)", r.Found[0].Status)
 	}
 	return fmt.Sprintf("lookup: the provider has %d messages for this reference", len(r.Found))
+}
+
+// call makes one call to r's provider, its circuit told of the result
+// when it admitted the call (a call it did not admit, a row that cannot
+// move, changes nothing there).
+func (s *Sender) call(ctx context.Context, r *route, c outbox.Claim) provider.Outcome {
+	admitted := r.br.Admit()
+	out := r.Provider.Send(ctx, provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
+	if admitted {
+		r.br.Done(healthy(out))
+	}
+	if r.Name != "" {
+		s.metrics.providerCalls.WithLabelValues(r.Name, out.Kind.String()).Inc()
+	}
+	return out
+}
+
+// flowToken takes a token of the shared rate for a second request of one
+// claim, waiting no later than the last moment the call may start.
+func (s *Sender) flowToken(ctx context.Context, deadline time.Time, r *route) bool {
+	if s.cfg.Flow == nil {
+		return true
+	}
+	wctx, cancel := context.WithDeadline(ctx, deadline.Add(-r.Provider.Timeout()))
+	defer cancel()
+	return s.cfg.Flow.Wait(wctx) == nil
 }

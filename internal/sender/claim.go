@@ -230,7 +230,7 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Deli
 	for failures := 0; ; {
 		deadline := time.Now().Add(s.cfg.Lease)
 		dbCtx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
-		claims, err := outbox.ClaimForSend(dbCtx, s.cfg.Pool, ids, from, s.cfg.Lease, token)
+		claims, err := outbox.ClaimForSendTo(dbCtx, s.cfg.Pool, ids, from, s.cfg.Lease, token, s.providers())
 		cancel()
 		if err == nil {
 			s.health.claimed()

@@ -39,8 +39,14 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// JetStream consumes and publishes dead letters; required.
 	JetStream jetstream.JetStream
-	// Provider sends; required.
+	// Provider sends; required unless Routes are given.
 	Provider Provider
+	// Routes, when set, are the providers in order of preference
+	// (SMS_PROVIDERS), each with a name: a row goes to the first whose
+	// circuit takes calls, stays with it once an attempt may have reached
+	// it, and moves on only when its attempts there certainly did not.
+	// Provider is then the first's.
+	Routes []Route
 	// Stream and Consumer name the durable pull consumer; default "SMS"
 	// and "senders".
 	Stream, Consumer string
@@ -141,8 +147,11 @@ func (c *Config) setDefaults() {
 	c.WriteBatch = cmp.Or(c.WriteBatch, DefaultWriteBatch)
 	c.ClaimLinger = cmp.Or(c.ClaimLinger, DefaultClaimLinger)
 	c.WriteLinger = cmp.Or(c.WriteLinger, DefaultWriteLinger)
+	if len(c.Routes) > 0 && c.Provider == nil {
+		c.Provider = c.Routes[0].Provider
+	}
 	if c.Provider != nil {
-		c.Lease = cmp.Or(c.Lease, 2*c.Provider.Timeout()+5*time.Second)
+		c.Lease = cmp.Or(c.Lease, 2*c.maxTimeout()+5*time.Second)
 	}
 	c.RetryBase = cmp.Or(c.RetryBase, DefaultRetryBase)
 	c.RetryCap = cmp.Or(c.RetryCap, DefaultRetryCap)
@@ -159,7 +168,30 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// maxTimeout is the longest provider timeout of the routes.
+func (c *Config) maxTimeout() time.Duration {
+	t := c.Provider.Timeout()
+	for _, r := range c.Routes {
+		if r.Provider != nil {
+			t = max(t, r.Provider.Timeout())
+		}
+	}
+	return t
+}
+
 func (c *Config) validate() error {
+	names := map[string]bool{}
+	for _, r := range c.Routes {
+		switch {
+		case r.Name == "" || r.Provider == nil:
+			return errors.New("sender: every route needs a name and a provider")
+		case names[r.Name]:
+			return fmt.Errorf("sender: provider %q is named twice", r.Name)
+		case r.Provider.CanLookup() && !r.Provider.Idempotent() && c.Lease <= 2*r.Provider.Timeout():
+			return fmt.Errorf("sender: Lease %s must exceed twice the provider timeout %s of %s when lookups are on", c.Lease, r.Provider.Timeout(), r.Name)
+		}
+		names[r.Name] = true
+	}
 	switch {
 	case c.Pool == nil:
 		return errors.New("sender: Config.Pool is required")
@@ -173,8 +205,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("sender: ClaimBatch %d must be at least 1", c.ClaimBatch)
 	case c.WriteBatch < 1:
 		return fmt.Errorf("sender: WriteBatch %d must be at least 1", c.WriteBatch)
-	case c.Lease <= c.Provider.Timeout():
-		return fmt.Errorf("sender: Lease %s must exceed the provider timeout %s", c.Lease, c.Provider.Timeout())
+	case c.Lease <= c.maxTimeout():
+		return fmt.Errorf("sender: Lease %s must exceed the provider timeout %s", c.Lease, c.maxTimeout())
 	case c.Provider.CanLookup() && !c.Provider.Idempotent() && c.Lease <= 2*c.Provider.Timeout():
 		// A lookup and the call after it run under one lease.
 		return fmt.Errorf("sender: Lease %s must exceed twice the provider timeout %s when lookups are on", c.Lease, c.Provider.Timeout())

@@ -22,6 +22,10 @@ type metrics struct {
 	laneTaken       *prometheus.CounterVec
 	lookups         *prometheus.CounterVec
 	batchRows       *prometheus.HistogramVec
+	// providerState, providerCalls and failovers are SMS_PROVIDERS' (routes.go).
+	providerState *prometheus.GaugeVec
+	providerCalls *prometheus.CounterVec
+	failovers     *prometheus.CounterVec
 	// claimRows and writeRows are batchRows' two series, resolved once.
 	claimRows, writeRows prometheus.Observer
 }
@@ -40,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"decision"}),
 		heldBack: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_sender_held_back_total",
-			Help: "Claimed messages put back to wait without an attempt, by why: lookup_wait (the provider is asked about an earlier attempt only once the settle time has passed), no_time (the claim's lease had too little time left for the call).",
+			Help: "Claimed messages put back to wait without an attempt, by why: lookup_wait (the provider is asked about an earlier attempt only once the settle time has passed), no_time (the claim's lease had too little time left for the call), provider_unknown (the row belongs to a provider not in this sender's SMS_PROVIDERS).",
 		}, []string{"why"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_dead_letters_total",
@@ -105,7 +109,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
 		m.deadLetters.WithLabelValues(r)
 	}
-	for _, w := range []string{"lookup_wait", "no_time"} {
+	for _, w := range []string{"lookup_wait", "no_time", "provider_unknown"} {
 		m.heldBack.WithLabelValues(w)
 	}
 	for _, op := range []string{"claim", "status_write"} {
@@ -118,8 +122,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"found", "none", "several", "failed"} {
 		m.lookups.WithLabelValues(r)
 	}
+	routes := providerMetrics(m)
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows} {
+		for _, c := range append([]prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows}, routes...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

@@ -62,9 +62,13 @@ const (
 type ReceiptSweepConfig struct {
 	// Pool is the database pool (the sender's); required.
 	Pool *pgxpool.Pool
-	// Provider is asked for the messages' fate; required. The sweep runs
-	// only where it can look messages up (CanLookup).
+	// Provider is asked for the messages' fate; required unless Routes
+	// are given. The sweep runs only where it can look messages up
+	// (CanLookup).
 	Provider Provider
+	// Routes, when set, are the sender's providers by name: each row is
+	// looked up at the provider it names, the first when it names none.
+	Routes []Route
 	// Receipts says whether the senders ask the provider for delivery
 	// receipts (RECEIPTS_PUBLIC_URL is set). Without them every row would
 	// be overdue, and the sweep does not run.
@@ -144,6 +148,9 @@ func NewReceiptSweep(cfg ReceiptSweepConfig) (*ReceiptSweep, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Provider == nil && len(cfg.Routes) > 0 {
+		cfg.Provider = cfg.Routes[0].Provider
+	}
 	switch {
 	case cfg.Pool == nil:
 		return nil, errors.New("receipt sweep: Config.Pool is required")
@@ -171,7 +178,33 @@ func NewReceiptSweep(cfg ReceiptSweepConfig) (*ReceiptSweep, error) {
 // Enabled reports whether the sweep runs: receipts are asked for, the
 // provider can be looked up, and Overdue is set.
 func (w *ReceiptSweep) Enabled() bool {
-	return w.cfg.Overdue > 0 && w.cfg.Receipts && w.cfg.Provider.CanLookup()
+	return w.cfg.Overdue > 0 && w.cfg.Receipts && slices.ContainsFunc(w.providers(), Provider.CanLookup)
+}
+
+// providers returns every provider the sweep may ask.
+func (w *ReceiptSweep) providers() []Provider {
+	if len(w.cfg.Routes) == 0 {
+		return []Provider{w.cfg.Provider}
+	}
+	ps := make([]Provider, len(w.cfg.Routes))
+	for i, r := range w.cfg.Routes {
+		ps[i] = r.Provider
+	}
+	return ps
+}
+
+// provider returns the provider a row names (the first when it names
+// none), or nil when the sweep does not have it.
+func (w *ReceiptSweep) provider(name string) Provider {
+	if name == "" || len(w.cfg.Routes) == 0 {
+		return w.cfg.Provider
+	}
+	for _, r := range w.cfg.Routes {
+		if r.Name == name {
+			return r.Provider
+		}
+	}
+	return nil
 }
 
 // Run makes a pass every Interval until ctx is done, and returns nil once
@@ -236,7 +269,7 @@ func (w *ReceiptSweep) Pass(ctx context.Context) error {
 // of a process reads back Overdue further: rows that became overdue while
 // no sweep ran (every sender down) for up to that long are found.
 func (w *ReceiptSweep) scan(ctx context.Context) error {
-	withoutRef := !w.cfg.Provider.LookupByContent()
+	withoutRef := slices.ContainsFunc(w.providers(), func(p Provider) bool { return !p.LookupByContent() })
 	for range overdueChunks {
 		dbCtx, cancel := context.WithTimeout(ctx, w.cfg.DBTimeout)
 		s, err := outbox.MarkOverdue(dbCtx, w.cfg.Pool, w.from, w.cfg.Overdue, w.cfg.Overdue, overdueChunk, withoutRef)
@@ -322,11 +355,18 @@ func (w *ReceiptSweep) wait(ctx context.Context, pace time.Duration) bool {
 // look asks the provider for row r's message; it reports false when the
 // lookup was cut short by ctx (the row's look is given back).
 func (w *ReceiptSweep) look(ctx context.Context, r outbox.OverdueRow) (outbox.OverdueLook, bool) {
-	lr := w.cfg.Provider.Lookup(ctx, provider.LookupQuery{Reference: r.ID.String(), To: r.To, Body: r.Body, Since: r.CreatedAt})
+	p := w.provider(r.Provider)
+	var lr provider.LookupResult
+	switch {
+	case p == nil || !p.CanLookup():
+		lr.Err = fmt.Errorf("the row's provider %q cannot be looked up by this sender", r.Provider)
+	default:
+		lr = p.Lookup(ctx, provider.LookupQuery{Reference: r.ID.String(), To: r.To, Body: r.Body, Since: r.CreatedAt})
+	}
 	if lr.Err != nil && ctx.Err() != nil {
 		return outbox.OverdueLook{}, false
 	}
-	own, result, detail := ownMessage(lr, r.ProviderRef, w.cfg.Provider.LookupByContent())
+	own, result, detail := ownMessage(lr, r.ProviderRef, p != nil && p.LookupByContent())
 	l := outbox.OverdueLook{
 		ID: r.ID, Last: r.Look >= w.cfg.Looks,
 		Lookup: outbox.Evidence{Kind: "lookup", Result: result, ProviderRef: own.Ref, ReceivedAt: time.Now(), Source: overdueSource,

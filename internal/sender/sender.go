@@ -90,6 +90,9 @@ type Sender struct {
 	// on their way, which a status write may wait for (WriteLinger).
 	calling atomic.Int32
 	health  health // progress for Ready (health.go)
+	// routes are the providers in order (routes.go): Config.Routes, or
+	// Config.Provider alone.
+	routes []*route
 }
 
 // New returns a Sender, or an error naming the invalid setting.
@@ -102,7 +105,7 @@ func New(cfg Config) (*Sender, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sender{
+	s := &Sender{
 		cfg: cfg, log: cfg.Logger.With("component", "sender"), metrics: m,
 		dlq: deadletter.Publisher{
 			JetStream: cfg.JetStream, Subject: cfg.DeadLetterSubject, Stream: cfg.DeadLetterStream,
@@ -110,7 +113,9 @@ func New(cfg Config) (*Sender, error) {
 		},
 		letters:    newLetterQueue(),
 		maxDeliver: map[string]int{},
-	}, nil
+	}
+	s.initRoutes()
+	return s, nil
 }
 
 // Run consumes until ctx is done, then stops fetching, finishes the claims,
@@ -130,7 +135,7 @@ func (s *Sender) Run(ctx context.Context) error {
 	if err := s.checkSettle(); err != nil {
 		return err
 	}
-	if s.looksUp() {
+	if s.looksUp() || s.failover() {
 		s.horizon = horizon{js: s.cfg.JetStream, stream: s.cfg.Stream}
 		hctx, cancel := context.WithTimeout(ctx, s.cfg.DBTimeout)
 		err := s.horizon.refresh(hctx)
@@ -164,7 +169,7 @@ func (s *Sender) Run(ctx context.Context) error {
 	defer stopHoldTimer()
 
 	var readers sync.WaitGroup
-	if s.looksUp() {
+	if s.looksUp() || s.failover() {
 		readers.Go(func() { s.horizon.run(ctx, s.cfg.DBTimeout) })
 	}
 	for _, l := range ls.all {
@@ -220,7 +225,14 @@ func (s *Sender) Waiting() int {
 
 // looksUp reports whether an attempt without an answer is settled by a
 // lookup: the provider would send a retry again, and can be asked.
-func (s *Sender) looksUp() bool { return s.cfg.Provider.CanLookup() && !s.cfg.Provider.Idempotent() }
+func (s *Sender) looksUp() bool {
+	for _, r := range s.routes {
+		if r.Provider.CanLookup() && !r.Provider.Idempotent() {
+			return true
+		}
+	}
+	return false
+}
 
 // checkSettle refuses a lookup settle time that a redelivery cannot leave
 // between a dead sender's last call and the lookup of its successor: the
