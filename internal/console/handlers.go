@@ -473,31 +473,21 @@ func (c *Console) replayLetters(ctx context.Context, r *http.Request, s *session
 		}
 	}
 	var results []outbox.ReplayResult
-	var audit outbox.ConsoleReplay
+	audit := outbox.ConsoleReplay{User: s.user.Name, Role: string(s.user.Role), Requested: ids, Remote: c.remote(r)}
 	err = pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		if len(targets) > 0 {
-			// Never forced: an unknown row whose provider may not honour
-			// idempotency keys, and a row with evidence that the provider
-			// may have its message, are refused with the reason shown;
-			// they are for relay dlq replay -force, after a look with
-			// relay trace. A button that sends a message twice is one
-			// click too close.
-			if results, err = outbox.Replay(ctx, tx, targets, outbox.ReplayOptions{DryRun: dryRun}); err != nil {
-				return err
-			}
-		}
-		if dryRun {
+		if dryRun && len(targets) == 0 {
 			return nil
 		}
-		audit = outbox.ConsoleReplay{User: s.user.Name, Role: string(s.user.Role), Requested: ids, Remote: c.remote(r)}
-		for _, res := range results {
-			if res.Replayed {
-				audit.Replayed = append(audit.Replayed, res.ID)
-			}
-		}
-		audit.Refused = len(ids) - len(audit.Replayed)
-		audit.ID, audit.At, err = outbox.RecordReplay(ctx, tx, audit)
+		// Never forced: an unknown row whose provider may not honour
+		// idempotency keys, and a row with evidence that the provider may
+		// have its message, are refused with the reason shown; they are
+		// for relay dlq replay -force, after a look with relay trace. A
+		// button that sends a message twice is one click too close. The
+		// database moves the rows and records the replay in the audit
+		// table (even one that replayed nothing) in one statement: the
+		// console's role may do neither itself.
+		var err error
+		results, err = outbox.Replay(ctx, tx, targets, outbox.ReplayOptions{DryRun: dryRun, Audit: &audit})
 		return err
 	})
 	if err != nil {

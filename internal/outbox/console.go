@@ -412,7 +412,9 @@ func FindByProviderRef(ctx context.Context, q Querier, ref string) ([]uuid.UUID,
 	return ids, nil
 }
 
-// ConsoleReplay is one replay an operator made from the console.
+// ConsoleReplay is one replay an operator made from the console, as its
+// audit table records it. Only the database writes the record, with the
+// replay (Replay, ReplayOptions.Audit).
 type ConsoleReplay struct {
 	ID         int64
 	At         time.Time
@@ -422,21 +424,6 @@ type ConsoleReplay struct {
 	Refused             int
 	// Remote is the client's address.
 	Remote string
-}
-
-// RecordReplay appends r to the console's audit table (inside the replay's
-// transaction, so the record and the change commit together) and returns
-// its id and time.
-func RecordReplay(ctx context.Context, tx pgx.Tx, r ConsoleReplay) (int64, time.Time, error) {
-	var id int64
-	var at time.Time
-	err := tx.QueryRow(ctx, `INSERT INTO sendonce_console_audit (username, role, action, requested, replayed, refused, remote)
-		VALUES ($1, $2, 'replay', $3, $4, $5, $6) RETURNING id, at`,
-		r.User, r.Role, uuidArray(r.Requested), uuidArray(r.Replayed), r.Refused, r.Remote).Scan(&id, &at)
-	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("outbox: record replay: %w", err)
-	}
-	return id, at, nil
 }
 
 // ConsoleReplays returns the newest limit console replays, newest first;

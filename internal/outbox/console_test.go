@@ -365,6 +365,7 @@ func TestConsoleRoleGrants(t *testing.T) {
 		Detail: "lookup: the provider has the message (delivered)", Source: "resolve"}); err != nil {
 		t.Fatal(err)
 	}
+	plain := consoleRow(t, pool, outbox.StatusDead, time.Minute)
 	consoleRow(t, pool, outbox.StatusSent, time.Minute)
 	if _, err := pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {
 		t.Fatal(err)
@@ -401,22 +402,39 @@ func TestConsoleRoleGrants(t *testing.T) {
 				return err
 			}},
 			{"find by ref", func() error { _, err := outbox.FindByProviderRef(ctx, tx, "msg_1"); return err }},
-			{"replay", func() error {
-				// Forced over the lookup that found it: the role reads the
-				// evidence, and writes the replay.
-				rs, err := outbox.Replay(ctx, tx, []outbox.ReplayTarget{{ID: dead, FromLetter: true, Reason: "permanent"}}, outbox.ReplayOptions{Force: true})
-				if err == nil && (len(rs) != 1 || !rs[0].Replayed || !strings.Contains(rs[0].Evidence, "found it")) {
-					return fmt.Errorf("replay: %+v", rs)
+			{"replay refused", func() error {
+				// Refused over the lookup that found it: the role reads the
+				// evidence, and the refusal is audited.
+				audit := outbox.ConsoleReplay{User: "alice", Role: "operator", Requested: []uuid.UUID{dead}}
+				rs, err := outbox.Replay(ctx, tx, []outbox.ReplayTarget{{ID: dead, FromLetter: true, Reason: "permanent"}}, outbox.ReplayOptions{Audit: &audit})
+				if err == nil && (len(rs) != 1 || rs[0].Replayed || !rs[0].NeedsForce || !strings.Contains(rs[0].Evidence, "found it") ||
+					audit.ID == 0 || audit.Refused != 1 || len(audit.Replayed) != 0) {
+					return fmt.Errorf("replay: %+v, audit %+v", rs, audit)
 				}
 				return err
 			}},
-			{"record replay", func() error {
-				_, _, err := outbox.RecordReplay(ctx, tx, outbox.ConsoleReplay{User: "alice", Role: "operator", Requested: []uuid.UUID{dead}, Replayed: []uuid.UUID{dead}})
+			{"replay", func() error {
+				// Through the console's functions: the rows are locked and
+				// moved, and the replay recorded, by the database.
+				audit := outbox.ConsoleReplay{User: "alice", Role: "operator", Requested: []uuid.UUID{plain, dead}, Remote: "192.0.2.1"}
+				rs, err := outbox.Replay(ctx, tx, []outbox.ReplayTarget{{ID: plain, FromLetter: true, Reason: "permanent"}}, outbox.ReplayOptions{Audit: &audit})
+				if err == nil && (len(rs) != 1 || !rs[0].Replayed || rs[0].Gen != 1 || audit.ID == 0 || audit.At.IsZero() ||
+					audit.Refused != 1 || len(audit.Replayed) != 1 || audit.Replayed[0] != plain) {
+					return fmt.Errorf("replay: %+v, audit %+v", rs, audit)
+				}
 				return err
 			}},
+			{"forced replay", func() error {
+				audit := outbox.ConsoleReplay{User: "alice", Role: "operator", Requested: []uuid.UUID{dead}}
+				if _, err := outbox.Replay(ctx, tx, []outbox.ReplayTarget{{ID: dead}}, outbox.ReplayOptions{Force: true, Audit: &audit}); err == nil {
+					return errors.New("a forced console replay was not refused")
+				}
+				return nil
+			}},
 			{"replays", func() error {
-				rs, err := outbox.ConsoleReplays(ctx, tx, dead, 10)
-				if err == nil && (len(rs) != 1 || rs[0].User != "alice" || rs[0].Replayed[0] != dead) {
+				rs, err := outbox.ConsoleReplays(ctx, tx, plain, 10)
+				if err == nil && (len(rs) != 1 || rs[0].User != "alice" || rs[0].Replayed[0] != plain || rs[0].Refused != 1 ||
+					len(rs[0].Requested) != 2 || rs[0].Remote != "192.0.2.1") {
 					return fmt.Errorf("replays: %+v", rs)
 				}
 				return err
@@ -445,6 +463,11 @@ func TestConsoleRoleGrants(t *testing.T) {
 		`UPDATE sms_evidence SET result = 'delivered'`,
 		`DELETE FROM sms_evidence`,
 		`UPDATE sms_outbox SET lookup_pending = true`,
+		// Replays only through its functions, and each one audited.
+		`UPDATE sms_outbox SET status = 'pending', publish_gen = publish_gen + 1 WHERE status = 'dead'`,
+		`SELECT id FROM sms_outbox FOR NO KEY UPDATE`,
+		`INSERT INTO sendonce_console_audit (username, role, action, requested, replayed, refused) VALUES ('mallory', 'admin', 'replay', '{}', '{}', 0)`,
+		`SELECT sendonce_apply_receipts('{}', '{}', '{}', '{}', '{}', '{}')`,
 	} {
 		err := asConsole(t, pool, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, stmt); return err })
 		var pgErr *pgconn.PgError

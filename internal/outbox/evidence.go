@@ -55,60 +55,15 @@ func (r ReceiptResult) SettledUnknown() bool { return r.Applied && r.Prev == Sta
 
 // applyReceiptsSQL writes one round of receipts (no row twice): $1 ids in
 // id order, $2 statuses, $3 provider refs, $4 codes, $5 reported times, $6
-// sources. It locks the rows, records each receipt not recorded before,
-// moves each row its receipt may move, and answers per receipt (in input
-// order) the row's status before and whether it moved. A dead row is moved
-// by a statement of its own (revived), which writes its end_reason and
-// last_error without reading them: the receiver's role may not.
-const applyReceiptsSQL = `
-WITH v AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::text[])
-	         WITH ORDINALITY AS v(id, status, ref, code, at, source, k)
-), locked AS (
-	SELECT id, status FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-), ev AS (
-	INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, code, reported_at, source)
-	SELECT v.id, 'receipt', CASE v.status WHEN 'sent' THEN 'accepted' ELSE v.status END, v.ref, v.code, v.at, v.source
-	FROM v JOIN locked USING (id)
-	-- A receipt sent again (a provider retrying) is recorded once. The
-	-- probe is a LATERAL with LIMIT, not NOT EXISTS, so that it is always
-	-- one index lookup per receipt: Postgres turns NOT EXISTS into an anti
-	-- join, which it planned as a hash of the whole table whenever the
-	-- table's statistics were older than its growth.
-	LEFT JOIN LATERAL (SELECT true AS dup FROM sms_evidence e
-		WHERE e.outbox_id = v.id AND e.kind = 'receipt' AND e.source = v.source
-		  AND e.result = CASE v.status WHEN 'sent' THEN 'accepted' ELSE v.status END
-		  AND e.provider_ref IS NOT DISTINCT FROM v.ref AND e.code IS NOT DISTINCT FROM v.code
-		  AND e.reported_at IS NOT DISTINCT FROM v.at
-		LIMIT 1) seen ON true
-	WHERE seen.dup IS NULL
-), upd AS (
-	UPDATE sms_outbox o
-	SET status = v.status, provider_ref = coalesce(o.provider_ref, v.ref), lookup_pending = false,
-	    sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
-	FROM v JOIN locked USING (id)
-	WHERE o.id = v.id
-	  AND CASE WHEN v.status = 'sent' THEN locked.status IN ('pending', 'queued', 'sending', 'unknown')
-	           ELSE locked.status IN ('pending', 'queued', 'sending', 'sent', 'unknown') END
-	RETURNING o.id
-), revived AS (
-	-- A dead row promised that the provider never took the message; its
-	-- signed receipt says it did. The row follows the receipt (I7), and
-	-- loses what said dead: its dead-letter reason, and its last error for
-	-- a note of what happened (the attempts and the letter keep the rest).
-	UPDATE sms_outbox o
-	SET status = v.status, provider_ref = coalesce(o.provider_ref, v.ref), lookup_pending = false,
-	    end_reason = NULL,
-	    last_error = 'was dead, then a ' || v.source || ' receipt reported the message '
-	                 || CASE v.status WHEN 'sent' THEN 'accepted' ELSE v.status END || ': the provider had it',
-	    sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
-	FROM v JOIN locked USING (id)
-	WHERE o.id = v.id AND locked.status = 'dead'
-	RETURNING o.id
-)
-SELECT v.k, locked.status, upd.id IS NOT NULL OR revived.id IS NOT NULL
-FROM v LEFT JOIN locked USING (id) LEFT JOIN upd USING (id) LEFT JOIN revived USING (id)
-ORDER BY v.k`
+// sources. The function (migration 0018) locks the rows, records each
+// receipt not recorded before, moves each row its receipt may move, and
+// answers per receipt (in input order) the row's status before and whether
+// it moved. It runs with the table owner's rights: the receiver's role has
+// no UPDATE on sms_outbox, so that no receiver login can move a row any
+// other way (a delivered row back to pending, a dead row to delivered
+// without a receipt).
+const applyReceiptsSQL = `SELECT receipt, prev_status, moved
+	FROM sendonce_apply_receipts($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::text[])`
 
 // ApplyReceipts records receipts as evidence of their rows and moves each row
 // as far as its receipt shows, never backwards: a delivery report over any

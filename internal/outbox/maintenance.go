@@ -7,6 +7,11 @@ import (
 	"time"
 )
 
+// PurgeFloor is the shortest age sendonce_purge accepts (migration 0018):
+// whoever calls it, a row finished less than an hour ago stays, with its
+// attempts, evidence and trace.
+const PurgeFloor = time.Hour
+
 // Purge deletes up to limit finished rows whose last change is older than
 // age, with their attempts and evidence, and returns how many it deleted.
 // Only rows that are done with are purged: sent, delivered and undelivered
@@ -18,7 +23,7 @@ import (
 // The delete runs in the function sendonce_purge (migration 0010), with the
 // table owner's rights: the relay's role holds no DELETE on the tables, so
 // it can remove nothing the function's rule does not allow. limit must be 1
-// to 10000 and age positive.
+// to 10000 and age at least PurgeFloor, which the function enforces.
 func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64, error) {
 	var n int64
 	if err := q.QueryRow(ctx, `SELECT sendonce_purge($1::interval, $2)`, age, limit).Scan(&n); err != nil {

@@ -39,6 +39,15 @@ type ReplayOptions struct {
 	// evidence that the provider may have their message (ReplayResult.
 	// Evidence): the message may then be sent twice.
 	Force bool
+	// Audit, when set, replays as the operator console, whose role may not
+	// update the table: the rows are read and locked through
+	// sendonce_replay_rows and, unless DryRun, moved by
+	// sendonce_console_replay (migration 0018), which records the replay in
+	// the console's audit table in the same statement: User, Role,
+	// Requested (every row asked for, refused ones included) and Remote
+	// are recorded, and ID, At, Replayed and Refused are set from the
+	// record. Force is refused: the console never forces.
+	Audit *ConsoleReplay
 }
 
 // ReplayResult says what Replay did with one row.
@@ -74,12 +83,19 @@ type ReplayResult struct {
 // unknown rows that are not SafeUnknown. It returns one result per
 // distinct row, in the order of targets.
 func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayOptions) ([]ReplayResult, error) {
+	if opts.Audit != nil && opts.Force {
+		return nil, errors.New("outbox: replay: the console does not force a replay")
+	}
 	ids := make([]uuid.UUID, 0, len(targets))
 	for _, t := range targets {
 		ids = append(ids, t.ID)
 	}
-	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, coalesce(end_reason, '') FROM sms_outbox
-		WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`, uuidArray(ids))
+	read := `SELECT id, status, publish_gen, coalesce(end_reason, '') FROM sms_outbox
+		WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
+	if opts.Audit != nil {
+		read = `SELECT id, status, publish_gen, coalesce(end_reason, '') FROM sendonce_replay_rows($1)`
+	}
+	rows, _ := tx.Query(ctx, read, uuidArray(ids))
 	type cur struct {
 		status State
 		gen    int32
@@ -138,7 +154,7 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		default:
 			r.Replayed, r.Gen = true, c.gen+1
 		}
-		if r.Replayed && !opts.DryRun {
+		if r.Replayed && !opts.DryRun && opts.Audit == nil {
 			_, err := tx.Exec(ctx, `UPDATE sms_outbox
 				SET status = 'pending', publish_gen = publish_gen + 1, attempt_count = 0,
 				    next_attempt_at = now(), updated_at = now(), stream_seq = NULL,
@@ -151,6 +167,11 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		}
 		out = append(out, r)
 	}
+	if !opts.DryRun && opts.Audit != nil {
+		if err := consoleReplay(ctx, tx, out, opts.Audit); err != nil {
+			return nil, err
+		}
+	}
 	if !opts.DryRun {
 		// Wake the relays now rather than at their next poll.
 		if _, err := tx.Exec(ctx, `SELECT pg_notify('sms_outbox', '')`); err != nil {
@@ -158,6 +179,38 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		}
 	}
 	return out, nil
+}
+
+// consoleReplay moves the rows out decides to replay through the console's
+// function, which records the replay as audit says, and sets audit from the
+// record. A row the function did not move (it changed since it was read,
+// which its lock prevents, or evidence came) is refused after all.
+func consoleReplay(ctx context.Context, tx pgx.Tx, out []ReplayResult, audit *ConsoleReplay) error {
+	var ids []uuid.UUID
+	for _, r := range out {
+		if r.Replayed {
+			ids = append(ids, r.ID)
+		}
+	}
+	var replayed []uuid.UUID
+	err := tx.QueryRow(ctx, `SELECT audit_id, audit_at, replayed_rows FROM sendonce_console_replay($1, $2, $3, $4, $5)`,
+		audit.User, audit.Role, uuidArray(audit.Requested), uuidArray(ids), audit.Remote).Scan(&audit.ID, &audit.At, &replayed)
+	if err != nil {
+		return fmt.Errorf("outbox: console replay: %w", err)
+	}
+	moved := make(map[uuid.UUID]bool, len(replayed))
+	for _, id := range replayed {
+		moved[id] = true
+	}
+	audit.Replayed = replayed
+	audit.Refused = len(audit.Requested) - len(audit.Replayed)
+	for i, r := range out {
+		if r.Replayed && !moved[r.ID] {
+			out[i].Replayed, out[i].Gen = false, 0
+			out[i].Refused = "changed while it was replayed, or the provider may have the message: relay trace shows it"
+		}
+	}
+	return nil
 }
 
 // providerMayHave returns, for the rows among ids with evidence that the

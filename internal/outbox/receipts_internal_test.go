@@ -3,8 +3,11 @@ package outbox
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
-	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sendonce/sendonce/internal/pgtest"
 )
@@ -16,28 +19,61 @@ import (
 // made each receipt cost about a quarter of a millisecond in make bench.
 func TestApplyReceiptsLooksUpEvidenceByIndex(t *testing.T) {
 	t.Parallel()
-	pool, _ := pgtest.NewPool(t)
+	pool, url := pgtest.NewPool(t)
 	ctx := context.Background()
 	ids := pgtest.LoadRows(t, pool, 3000, string(StatusSending))
 	if _, err := pool.Exec(ctx, `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, source)
 		SELECT id, 'receipt', 'accepted', 'msg_' || id, 'generic' FROM sms_outbox`); err != nil {
 		t.Fatal(err)
 	}
-	n := 40
-	statuses, refs, codes, ats, sources := make([]string, n), make([]*string, n), make([]*int32, n), make([]*time.Time, n), make([]string, n)
-	for i := range n {
-		statuses[i], sources[i] = string(StatusDelivered), "generic"
+	receipts := make([]Receipt, 40)
+	for i := range receipts {
+		receipts[i] = Receipt{ID: ids[i], Status: StatusDelivered, Source: "generic"}
 	}
-	conn, err := pool.Acquire(ctx)
+	// The statement runs inside sendonce_apply_receipts (migration 0018),
+	// where EXPLAIN does not reach: auto_explain logs the plans of the
+	// statements the function runs, and client_min_messages sends them to
+	// this connection.
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Release()
-	// The receiver's pool plans each execution for its parameters.
-	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
+	var (
+		mu    sync.Mutex
+		plans []string
+	)
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	plan := pgtest.Explain(t, conn, applyReceiptsSQL, uuidArray(ids[:n]), statuses, refs, codes, ats, sources)
+	defer conn.Close(ctx)
+	// The receiver's pool plans each execution for its parameters.
+	for _, set := range []string{`SET plan_cache_mode = force_custom_plan`, `LOAD 'auto_explain'`,
+		`SET auto_explain.log_min_duration = 0`, `SET auto_explain.log_nested_statements = on`,
+		`SET client_min_messages = log`} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := ApplyReceipts(ctx, tx, receipts); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	plan := strings.Join(plans, "\n")
+	mu.Unlock()
+	if !strings.Contains(plan, "INSERT INTO sms_evidence") {
+		t.Fatalf("auto_explain logged no plan of the receipts' statement:\n%s", plan)
+	}
 	if strings.Contains(plan, "Seq Scan on sms_evidence") || !strings.Contains(plan, "sms_evidence_outbox_idx") {
 		t.Fatalf("the receipts' duplicate probe does not use sms_evidence_outbox_idx:\n%s", plan)
 	}

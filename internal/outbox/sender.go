@@ -830,7 +830,7 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 		-- failed-over primary, while a sender held its outcome.
 		JOIN sms_outbox o ON o.id = v.outbox_id`
 	if again {
-		// One index lookup per record, as for receipts (applyReceiptsSQL):
+		// One index lookup per record, as for receipts (sendonce_apply_receipts):
 		// NOT EXISTS may be planned as a scan of the whole log.
 		sql += `
 		LEFT JOIN LATERAL (SELECT true AS dup FROM sms_attempts a

@@ -30,7 +30,7 @@ type RetentionConfig struct {
 	Pool *pgxpool.Pool
 	// Age is how long finished rows (sent, dead; never unknown, which wait
 	// for a person) and their attempts are kept after their last change;
-	// default DefaultRetentionAge.
+	// default DefaultRetentionAge, at least outbox.PurgeFloor (an hour).
 	Age time.Duration
 	// Interval between purges; default 1m.
 	Interval time.Duration
@@ -70,6 +70,8 @@ func NewRetention(cfg RetentionConfig) (*Retention, error) {
 		return nil, errors.New("retention: Pool is required")
 	case cfg.Age <= 0 || cfg.Interval <= 0 || cfg.Pause < 0:
 		return nil, errors.New("retention: Age and Interval must be positive")
+	case cfg.Age < outbox.PurgeFloor:
+		return nil, fmt.Errorf("retention: Age %s is under %s, the least sendonce_purge keeps finished rows", cfg.Age, outbox.PurgeFloor)
 	case cfg.BatchSize < 1 || cfg.BatchSize > 10000:
 		return nil, fmt.Errorf("retention: BatchSize %d must be 1 to 10000 (the most sendonce_purge deletes in one call)", cfg.BatchSize)
 	}

@@ -2,12 +2,14 @@ package relay_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
 )
 
@@ -64,7 +66,7 @@ func TestRetentionPurgesOldFinishedRowsInBatches(t *testing.T) {
 	// A purge that fails (here: no statement can finish within its
 	// timeout) is counted: the alert's signal.
 	failReg := prometheus.NewRegistry()
-	failing, err := relay.NewRetention(relay.RetentionConfig{Pool: e.pool, Age: time.Nanosecond, DBTimeout: time.Nanosecond, Registerer: failReg})
+	failing, err := relay.NewRetention(relay.RetentionConfig{Pool: e.pool, Age: time.Hour, DBTimeout: time.Nanosecond, Registerer: failReg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +78,22 @@ func TestRetentionPurgesOldFinishedRowsInBatches(t *testing.T) {
 	}
 	if got := counter(t, failReg, "sendonce_retention_last_success_timestamp_seconds"); got != 0 {
 		t.Fatalf("last success after only a failure = %v, want 0", got)
+	}
+}
+
+// A retention under the hour sendonce_purge keeps is refused when it is
+// configured, naming the floor, rather than failing every purge.
+func TestRetentionAgeHasAFloor(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, age := range []time.Duration{time.Second, 59 * time.Minute} {
+		_, err := relay.NewRetention(relay.RetentionConfig{Pool: e.pool, Age: age})
+		if err == nil || !strings.Contains(err.Error(), "1h0m0s") {
+			t.Errorf("Age %s: %v; want a refusal naming the floor", age, err)
+		}
+	}
+	if _, err := relay.NewRetention(relay.RetentionConfig{Pool: e.pool, Age: outbox.PurgeFloor}); err != nil {
+		t.Errorf("Age at the floor: %v", err)
 	}
 }
 
