@@ -21,6 +21,7 @@ import (
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/receiver"
 	"github.com/sendonce/sendonce/internal/service"
 )
@@ -38,6 +39,7 @@ type config struct {
 	previousSecret string
 	twilioToken    string
 	publicURL      string
+	allowInsecure  bool
 	tlsCert        string
 	tlsKey         string
 	window         time.Duration
@@ -51,6 +53,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "Twilio auth token that signs status callbacks (X-Twilio-Signature); enables /v1/receipts/twilio")
 	s.String(&c.publicURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "this receiver's base URL as the provider calls it (Twilio signs the full URL); required with TWILIO_AUTH_TOKEN")
 	s.URL(&c.publicURL, "receipts-public-url", "http", "https")
+	provider.BindReceiptsAllowInsecure(s, &c.allowInsecure)
 	s.String(&c.tlsCert, "receipts-tls-cert", "RECEIPTS_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with RECEIPTS_TLS_KEY (else terminate TLS in front)")
 	s.String(&c.tlsKey, "receipts-tls-key", "RECEIPTS_TLS_KEY", "", "private key file (PEM) of RECEIPTS_TLS_CERT")
 	s.Duration(&c.window, "receipts-batch-window", "RECEIPTS_BATCH_WINDOW", receiver.DefaultWindow, 0, time.Second, "how long a write waits for more receipts to share its transaction")
@@ -74,7 +77,7 @@ func bind(s *envflag.Set, c *config) {
 		case (c.tlsCert == "") != (c.tlsKey == ""):
 			return errors.New("RECEIPTS_TLS_CERT and RECEIPTS_TLS_KEY go together")
 		}
-		return nil
+		return provider.ReceiptsURLCheck(c.publicURL, c.allowInsecure)
 	})
 }
 
