@@ -82,7 +82,13 @@ var privileged = map[string][]string{
 	"owner_database_url":  {"migrate"},
 	"pg_owner_password":   {"postgres", "db-logins"},
 	"nats_admin_password": {"nats", "nats-1", "nats-2", "nats-3", "nats-setup", "nats-setup-cluster"},
+	"nats_route_password": {"nats-1", "nats-2", "nats-3"},
+	"nats_route_key":      {"nats-1", "nats-2", "nats-3"},
 }
+
+// routeSecrets are what a node running deploy/nats/cluster.conf needs for
+// its routes (run.sh reads them).
+var routeSecrets = []string{"nats_route_password", "nats_route_ca", "nats_route_cert", "nats_route_key"}
 
 // The runtime processes, the login each connects to Postgres with (a role
 // IN ROLE sendonce_<role>, deploy/postgres/logins.sh) and its NATS user.
@@ -139,6 +145,13 @@ func checkCompose(c composeFile, dockerfile string) []string {
 			}
 			if who, ok := privileged[sec]; ok && !slices.Contains(who, name) {
 				add("%s gets %s, which only %s may have", name, sec, strings.Join(who, ", "))
+			}
+		}
+		if slices.ContainsFunc(s.Command, func(a string) bool { return strings.HasSuffix(a, "cluster.conf") }) {
+			for _, sec := range routeSecrets {
+				if !slices.Contains(mounted, sec) {
+					add("%s runs cluster.conf without the secret %s: its routes need a password and TLS", name, sec)
+				}
 			}
 		}
 		if want, ok := runtimeLogins[name]; ok {
@@ -251,7 +264,11 @@ services:
   smsstub:
     build: .
     environment: {SMS_API_KEY: dev-api-key}
+  nats-1:
+    command: ["-c", "/etc/nats/cluster.conf"]
+    secrets: [nats_route_password]
 secrets:
+  nats_route_password: {file: ./secrets/nats_route_password}
   owner_database_url: {file: ./secrets/owner_database_url}
 `
 	var c composeFile
@@ -264,6 +281,7 @@ secrets:
 		"postgres: POSTGRES_PASSWORD is set", "migrate: DATABASE_URL holds a URL with credentials",
 		"relay gets owner_database_url", "relay connects to Postgres with", "relay connects to NATS as",
 		"relay ensures the NATS topology", "smsstub: SMS_API_KEY is set", "no named Dockerfile target",
+		"nats-1 runs cluster.conf without the secret nats_route_key",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the check misses %q; it said:\n%s", want, got)

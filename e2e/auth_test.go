@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -160,6 +161,61 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		return s.DeleteMsg(ctx, 1)
 	})
 
+	// No one but admin creates a consumer: a push consumer delivering on
+	// sms.send (nats-server does not check a deliver subject against its
+	// creator's permissions) would put dead letters or flow heartbeats
+	// to work. Each form of the create request, as the operator on
+	// SMS_DLQ and as the sender on the flow bucket and SMS, goes
+	// unanswered, and no such consumer exists after.
+	smsBefore := streamMsgs(t, adminJS, streams.Stream)
+	for _, c := range []struct{ user, stream string }{
+		{"operator", streams.DeadLetterStream}, {"sender", "KV_sendonce_flow"}, {"sender", streams.Stream},
+	} {
+		nc, _ := connectAs(t, srv, c.user)
+		for _, subj := range []string{
+			"$JS.API.CONSUMER.CREATE." + c.stream,
+			"$JS.API.CONSUMER.CREATE." + c.stream + ".hijack",
+			"$JS.API.CONSUMER.CREATE." + c.stream + ".hijack.>",
+			"$JS.API.CONSUMER.DURABLE.CREATE." + c.stream + ".hijack",
+		} {
+			req := fmt.Sprintf(`{"stream_name":%q,"config":{"name":"hijack","durable_name":"hijack","deliver_subject":"sms.send","deliver_policy":"all","ack_policy":"none"}}`, c.stream)
+			if strings.HasSuffix(subj, ".>") {
+				subj = strings.TrimSuffix(subj, ">") + "sms.>" // a filtered create
+				req = strings.Replace(req, `"ack_policy"`, `"filter_subject":"sms.>","ack_policy"`, 1)
+			}
+			if reply, err := nc.Request(subj, []byte(req), 2*time.Second); err == nil {
+				t.Errorf("%s may create a push consumer on %s delivering on sms.send (%s): %s", c.user, c.stream, subj, reply.Data)
+			}
+		}
+		if _, err := adminJS.Consumer(ctx, c.stream, "hijack"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			t.Errorf("a consumer hijack exists on %s after %s's attempts: %v", c.stream, c.user, err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	if after := streamMsgs(t, adminJS, streams.Stream); after != smsBefore {
+		t.Errorf("SMS went from %d to %d messages during the consumer attempts", smsBefore, after)
+	}
+	// The operator's reading needs none: two operators list the dead
+	// letters at once.
+	var wg sync.WaitGroup
+	lists := make([]*process, 2)
+	for i := range lists {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lists[i] = startProcess(t, "relay", as("operator"), "dlq", "list")
+		}()
+	}
+	wg.Wait()
+	for _, p := range lists {
+		if err := p.waitExit(t, time.Minute); err != nil {
+			t.Fatalf("relay dlq list as operator, two at once: %v\n%s", err, p.logs.String())
+		}
+		if logs := p.logs.String(); strings.Contains(logs, "Permissions Violation") {
+			t.Fatalf("relay dlq list was refused something:\n%s", logs)
+		}
+	}
+
 	dlqAfter, err := adminJS.Stream(ctx, streams.DeadLetterStream)
 	if err != nil {
 		t.Fatalf("SMS_DLQ after the refusals: %v", err)
@@ -210,6 +266,20 @@ func TestLeastPrivilegeNATSUsers(t *testing.T) {
 		})
 		nc.Close()
 	}
+}
+
+// streamMsgs is the number of messages stream holds.
+func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
 }
 
 // connectAs connects as a deployed user with its inbox prefix.

@@ -154,6 +154,7 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	senderEnv := append(env[:len(env):len(env)], "SMS_API_BASE="+stubURL, "SMS_API_ALLOW_INSECURE=true", "SMS_API_KEY="+apiKey,
 		"SMS_API_TIMEOUT="+d.cfg.apiTimeout.String(), "RETRY_BASE=100ms", "RETRY_CAP=2s", "RECEIPTS_PUBLIC_URL="+receiverURL,
+		"RECEIPTS_ALLOW_INSECURE=true", // the local receiver, over http
 		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", d.cfg.idempotent), "SMS_API_LOOKUP=true", "SMS_API_LOOKUP_SETTLE=1s")
 	for i := range d.cfg.senders {
 		if _, err := d.start(fmt.Sprintf("sender-%d", i+1), "sender", nil, senderEnv); err != nil {

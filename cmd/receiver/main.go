@@ -22,6 +22,7 @@ import (
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/receiver"
 	"github.com/sendonce/sendonce/internal/service"
 )
@@ -40,6 +41,7 @@ type config struct {
 	twilioToken    string
 	vonageSecret   string
 	publicURL      string
+	allowInsecure  bool
 	tlsCert        string
 	tlsKey         string
 	window         time.Duration
@@ -54,6 +56,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Secret(&c.vonageSecret, "vonage-signature-secret", "VONAGE_SIGNATURE_SECRET", "Vonage signature secret that signs Messages API status webhooks (a JWT in Authorization: Bearer); enables /v1/receipts/vonage")
 	s.String(&c.publicURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "this receiver's base URL as the provider calls it (Twilio signs the full URL); required with TWILIO_AUTH_TOKEN")
 	s.URL(&c.publicURL, "receipts-public-url", "http", "https")
+	provider.BindReceiptsAllowInsecure(s, &c.allowInsecure)
 	s.String(&c.tlsCert, "receipts-tls-cert", "RECEIPTS_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with RECEIPTS_TLS_KEY (else terminate TLS in front)")
 	s.String(&c.tlsKey, "receipts-tls-key", "RECEIPTS_TLS_KEY", "", "private key file (PEM) of RECEIPTS_TLS_CERT")
 	s.Duration(&c.window, "receipts-batch-window", "RECEIPTS_BATCH_WINDOW", receiver.DefaultWindow, 0, time.Second, "how long a write waits for more receipts to share its transaction")
@@ -77,7 +80,7 @@ func bind(s *envflag.Set, c *config) {
 		case (c.tlsCert == "") != (c.tlsKey == ""):
 			return errors.New("RECEIPTS_TLS_CERT and RECEIPTS_TLS_KEY go together")
 		}
-		return nil
+		return provider.ReceiptsURLCheck(c.publicURL, c.allowInsecure)
 	})
 }
 

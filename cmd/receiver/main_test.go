@@ -37,6 +37,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"secret file missing", map[string]string{"SMS_WEBHOOK_SECRET": "", "SMS_WEBHOOK_SECRET_FILE": missing}, "SMS_WEBHOOK_SECRET_FILE"},
 		{"twilio without its URL", map[string]string{"TWILIO_AUTH_TOKEN": "tok"}, "RECEIPTS_PUBLIC_URL"},
 		{"public url not a url", map[string]string{"RECEIPTS_PUBLIC_URL": "receipts.example"}, "RECEIPTS_PUBLIC_URL"},
+		{"public url over http", map[string]string{"RECEIPTS_PUBLIC_URL": "http://receipts.example"}, "RECEIPTS_ALLOW_INSECURE"},
+		{"twilio url over http", map[string]string{"TWILIO_AUTH_TOKEN": "tok", "RECEIPTS_PUBLIC_URL": "HTTP://receipts.example"}, "RECEIPTS_PUBLIC_URL"},
 		{"cert without key", map[string]string{"RECEIPTS_TLS_CERT": "/x.pem"}, "RECEIPTS_TLS_KEY"},
 		{"window out of range", map[string]string{"RECEIPTS_BATCH_WINDOW": "1h"}, "RECEIPTS_BATCH_WINDOW"},
 	} {

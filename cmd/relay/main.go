@@ -7,6 +7,7 @@
 //	relay dlq list|replay ...     list or replay dead letters
 //	relay trace ID                a row, its attempts and its dead letters
 //	relay console                 serve the operator console on CONSOLE_ADDR
+//	relay scram-verifier < PW     print a Postgres SCRAM verifier of the password on stdin
 //
 // Every flag has an environment variable; "relay -h" lists the settings and
 // the commands.
@@ -51,6 +52,7 @@ func commands() []command {
 		{"trace", "ID", "show a row (number masked), its attempts, receipts, lookups and dead letters", opsCommand("trace")},
 		{"resolve", "-id ID | -all [-dry-run]", "look unknown rows up at the provider and settle them", runResolve},
 		{"console", "[user NAME ROLE]", "serve the operator console on CONSOLE_ADDR (or print a users-file line)", runConsole},
+		{"scram-verifier", "< PASSWORD", "print the PostgreSQL SCRAM-SHA-256 verifier of the password read on stdin (deploy/postgres/logins.sh)", runScramVerifier},
 	}
 }
 

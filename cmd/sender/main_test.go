@@ -52,6 +52,9 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"key and key file", map[string]string{"SMS_API_KEY": "k", "SMS_API_KEY_FILE": "/dev/null"}, nil, "SMS_API_KEY_FILE"},
 		{"bad flag", nil, []string{"-concurrency", "x"}, "-concurrency"},
 		{"http without allow insecure", map[string]string{"SMS_API_ALLOW_INSECURE": "false"}, nil, "https"},
+		// Receipts carry the number and the status: not in clear.
+		{"http receipts url", map[string]string{"RECEIPTS_PUBLIC_URL": "http://receiver.example:8088"}, nil, "RECEIPTS_ALLOW_INSECURE"},
+		{"http loopback receipts url", map[string]string{"RECEIPTS_PUBLIC_URL": "http://127.0.0.1:8088"}, nil, "RECEIPTS_PUBLIC_URL"},
 		{"receipt overdue too short", map[string]string{"SENDER_RECEIPT_OVERDUE": "30s"}, nil, "SENDER_RECEIPT_OVERDUE"},
 		{"receipt overdue looks", map[string]string{"SENDER_RECEIPT_OVERDUE_LOOKS": "0"}, nil, "SENDER_RECEIPT_OVERDUE_LOOKS"},
 		{"receipt overdue rate", map[string]string{"SENDER_RECEIPT_OVERDUE_RATE": "0"}, nil, "SENDER_RECEIPT_OVERDUE_RATE"},
@@ -226,7 +229,7 @@ func TestRunLooksUpOverdueReceipts(t *testing.T) {
 				"SMS_API_LOOKUP": "true",
 			}
 			if receipts {
-				env["RECEIPTS_PUBLIC_URL"] = "http://127.0.0.1:1"
+				env["RECEIPTS_PUBLIC_URL"], env["RECEIPTS_ALLOW_INSECURE"] = "http://127.0.0.1:1", "true"
 			}
 			var out, errOut testkit.Buffer
 			done := make(chan int, 1)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/directget"
 	"github.com/sendonce/sendonce/internal/safetext"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/wire"
@@ -149,8 +150,9 @@ const FetchSize = 256
 // matches f, in stream order, starting after sequence after (0: from the
 // start, or from f.Since), until fn returns false or the letters stored when
 // it began are read. It holds at most FetchSize letters at a time, whatever
-// the stream's size, and reads with an ordered consumer that leaves no state
-// behind.
+// the stream's size, and reads with direct gets: no consumer is
+// created, so a reader needs no permission to create one, and any number
+// of readers at once read independently.
 func Scan(ctx context.Context, js jetstream.JetStream, stream string, f Filter, after uint64, fn func(Letter) (bool, error)) error {
 	if stream == "" {
 		stream = streams.DeadLetterStream
@@ -170,33 +172,35 @@ func Scan(ctx context.Context, js jetstream.JetStream, stream string, f Filter, 
 	if info.State.Msgs == 0 || after >= last {
 		return nil
 	}
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	req := directget.Request{Seq: info.State.FirstSeq}
+	if subs := info.Config.Subjects; len(subs) == 1 {
+		req.NextFor = subs[0]
+	}
 	seen := info.State.FirstSeq - 1
 	switch {
 	case after > 0:
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = after + 1
+		req.Seq = max(after+1, info.State.FirstSeq)
 		seen = max(seen, after)
 	case !f.Since.IsZero():
-		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
 		since := f.Since
-		cfg.OptStartTime = &since
-	}
-	cons, err := s.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("read dead letters: %w", err)
+		req.Seq, req.StartTime = 0, &since
 	}
 	for seen < last {
-		// Ask for no more than remain: a fetch returns as soon as it has
-		// its count, and waits out its MaxWait only when asked for more.
-		batch, err := cons.Fetch(int(min(FetchSize, last-seen)), jetstream.FetchMaxWait(time.Second))
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// Ask for no more than remain.
+		req.Batch = int(min(FetchSize, last-seen))
+		req.UpToSeq = last
+		batch, err := directget.Get(ctx, js.Conn(), stream, req)
+		if errors.Is(err, directget.ErrNoMessages) {
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("read dead letters: %w", err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			l, err := Parse(m)
+		for _, m := range batch {
+			l, err := parseStored(m)
 			if err != nil {
 				return err
 			}
@@ -212,15 +216,10 @@ func Scan(ctx context.Context, js jetstream.JetStream, stream string, f Filter, 
 				return err
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return fmt.Errorf("read dead letters: %w", err)
-		}
-		if n == 0 {
+		if len(batch) == 0 {
 			return nil
 		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+		req.Seq, req.StartTime = seen+1, nil
 	}
 	return nil
 }
@@ -292,8 +291,21 @@ func List(ctx context.Context, js jetstream.JetStream, stream string, f Filter) 
 // can store a letter, so its Reason and Error may hold terminal controls,
 // bidi overrides or a number.
 func Parse(m jetstream.Msg) (Letter, error) {
-	h := m.Headers()
-	l := Letter{Reason: safetext.Field(h.Get(wire.HeaderReason)), Error: safetext.Field(h.Get(wire.HeaderError)), Payload: m.Data()}
+	var seq uint64
+	var ts time.Time
+	if md, err := m.Metadata(); err == nil {
+		seq, ts = md.Sequence.Stream, md.Timestamp
+	}
+	return parse(m.Headers(), m.Data(), seq, ts)
+}
+
+// parseStored is Parse for a message read by a direct get.
+func parseStored(m directget.Msg) (Letter, error) {
+	return parse(m.Header, m.Data, m.Seq, m.Time)
+}
+
+func parse(h nats.Header, data []byte, seq uint64, ts time.Time) (Letter, error) {
+	l := Letter{Reason: safetext.Field(h.Get(wire.HeaderReason)), Error: safetext.Field(h.Get(wire.HeaderError)), Payload: data}
 	if id := h.Get(wire.HeaderOutboxID); id != "" {
 		u, err := uuid.Parse(id)
 		if err != nil {
@@ -311,9 +323,6 @@ func Parse(m jetstream.Msg) (Letter, error) {
 	case "false":
 		l.Idempotency = ProviderNotIdempotent
 	}
-	if md, err := m.Metadata(); err == nil {
-		l.Seq = md.Sequence.Stream
-		l.Time = md.Timestamp
-	}
+	l.Seq, l.Time = seq, ts
 	return l, nil
 }

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/directget"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
 )
@@ -29,8 +28,9 @@ func (l Letter) ReplayTarget() outbox.ReplayTarget {
 
 // BySequence reads the letters of stream (default "SMS_DLQ") stored at
 // seqs, in stream order; a sequence the stream no longer holds is left out.
-// It reads from the lowest sequence to the highest with an ordered consumer,
-// so it suits sequences close together (the letters of one incident).
+// It reads from the lowest sequence to the highest with direct gets (no
+// consumer), so it suits sequences close together (the letters of one
+// incident).
 func BySequence(ctx context.Context, js jetstream.JetStream, stream string, seqs []uint64) ([]Letter, error) {
 	if len(seqs) == 0 {
 		return nil, nil
@@ -56,23 +56,26 @@ func BySequence(ctx context.Context, js jetstream.JetStream, stream string, seqs
 	if info.State.Msgs == 0 || first > last {
 		return nil, nil
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w", err)
-	}
 	var out []Letter
+	req := directget.Request{Seq: first}
+	if subs := info.Config.Subjects; len(subs) == 1 {
+		req.NextFor = subs[0]
+	}
 	seen := first - 1
 	for seen < last {
-		batch, err := cons.Fetch(int(min(256, last-seen)), jetstream.FetchMaxWait(time.Second))
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		req.Batch, req.UpToSeq = int(min(256, last-seen)), last
+		batch, err := directget.Get(ctx, js.Conn(), stream, req)
+		if errors.Is(err, directget.ErrNoMessages) {
+			break
+		}
 		if err != nil {
 			return nil, fmt.Errorf("read dead letters: %w", err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			l, err := Parse(m)
+		for _, m := range batch {
+			l, err := parseStored(m)
 			if err != nil {
 				return nil, err
 			}
@@ -81,15 +84,10 @@ func BySequence(ctx context.Context, js jetstream.JetStream, stream string, seqs
 				out = append(out, l)
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("read dead letters: %w", err)
-		}
-		if n == 0 {
+		if len(batch) == 0 {
 			break
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+		req.Seq = seen + 1
 	}
 	return out, nil
 }

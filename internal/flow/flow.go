@@ -565,9 +565,12 @@ func (l *Limiter) connect(ctx context.Context) jetstream.KeyWatcher {
 		l.setDegraded(fmt.Errorf("bucket %s: %w", l.cfg.Bucket, err))
 		return nil
 	}
-	w, err := kv.WatchAll(ctx)
+	// Read by polling with direct gets, not watched: a watch creates a
+	// consumer (see pollWatcher). A quarter of a Heartbeat keeps within
+	// the assumption that every sender sees a heartbeat within one.
+	w, err := watchByPolling(ctx, l.cfg.JetStream.Conn(), l.cfg.Bucket, l.cfg.Heartbeat/4)
 	if err != nil {
-		l.setDegraded(fmt.Errorf("watch bucket %s: %w", l.cfg.Bucket, err))
+		l.setDegraded(fmt.Errorf("read bucket %s: %w", l.cfg.Bucket, err))
 		return nil
 	}
 	l.mu.Lock()

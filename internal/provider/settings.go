@@ -54,6 +54,21 @@ type Settings struct {
 	// nothing. Default DefaultLookupRetention.
 	LookupRetention time.Duration
 	ReceiptsURL     string
+	// ReceiptsAllowInsecure accepts an http:// ReceiptsURL
+	// (RECEIPTS_ALLOW_INSECURE): receipts carry the number and the status.
+	ReceiptsAllowInsecure bool
+}
+
+// ReceiptsURLCheck refuses an http:// receipts URL unless allowInsecure,
+// naming the settings: the provider would call it in clear with the
+// number and the status of each message (Twilio's callbacks carry To and
+// From). The receiver applies it to its own RECEIPTS_PUBLIC_URL too.
+func ReceiptsURLCheck(url string, allowInsecure bool) error {
+	if strings.HasPrefix(strings.ToLower(url), "http://") && !allowInsecure {
+		return errors.New("-receipts-public-url / RECEIPTS_PUBLIC_URL must be https://: receipts carry phone numbers " +
+			"(set RECEIPTS_ALLOW_INSECURE=true for a local receiver)")
+	}
+	return nil
 }
 
 // BindSettings binds the provider settings to s.
@@ -83,6 +98,7 @@ func BindSettings(s *envflag.Set, c *Settings) {
 	s.Duration(&c.LookupRetention, "sms-api-lookup-retention", "SMS_API_LOOKUP_RETENTION", DefaultLookupRetention, time.Minute, 10*366*24*time.Hour, "how long the provider keeps a message it accepted visible to lookups; a lookup that finds nothing for a row whose first attempt is older proves nothing, and the row is left unknown rather than settled dead. Set it no longer than the provider's documented retention")
 	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID; vonage: webhook_url BASE/v1/receipts/vonage)")
 	s.URL(&c.ReceiptsURL, "receipts-public-url", "http", "https")
+	BindReceiptsAllowInsecure(s, &c.ReceiptsAllowInsecure)
 	s.Check(c.check)
 }
 
@@ -116,6 +132,12 @@ func (c *Settings) Names() ([]string, error) {
 
 // Failover reports whether SMS_PROVIDERS names the providers.
 func (c *Settings) Failover() bool { return strings.TrimSpace(c.Providers) != "" }
+
+// BindReceiptsAllowInsecure binds RECEIPTS_ALLOW_INSECURE, for the sender's
+// and the receiver's RECEIPTS_PUBLIC_URL.
+func BindReceiptsAllowInsecure(s *envflag.Set, v *bool) {
+	s.Bool(v, "receipts-allow-insecure", "RECEIPTS_ALLOW_INSECURE", false, "allow an http:// RECEIPTS_PUBLIC_URL (development and tests only: the provider would send each receipt, with its number, in clear)")
+}
 
 func (c *Settings) check() error {
 	names, err := c.Names()
@@ -158,7 +180,7 @@ func (c *Settings) check() error {
 	if _, err := parseCodes(c.PermanentCodes); err != nil {
 		return fmt.Errorf("-sms-permanent-codes / SMS_PERMANENT_CODES: %w", err)
 	}
-	return nil
+	return ReceiptsURLCheck(c.ReceiptsURL, c.ReceiptsAllowInsecure)
 }
 
 // LooksUp reports whether an attempt without an answer is settled by a

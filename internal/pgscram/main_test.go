@@ -1,0 +1,9 @@
+package pgscram_test
+
+import (
+	"testing"
+
+	"github.com/sendonce/sendonce/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
