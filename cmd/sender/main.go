@@ -160,6 +160,12 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	lim, err := flow.New(flow.Config{
 		JetStream: conns.JS, Create: c.Topology.Ensure, Replicas: max(c.Topology.Replicas, 1), Limit: c.rateLimit, Burst: c.rateBurst,
 		ExpectedSenders: c.rateSenders, ID: flowID(), Demand: func() int { return snd.Waiting() }, Logger: root, Registerer: reg,
+		Circuits: func() map[string]string {
+			if snd == nil {
+				return nil
+			}
+			return snd.Circuits()
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("SMS_RATE_LIMIT: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
+	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/wire"
 )
@@ -192,6 +193,18 @@ type overviewView struct {
 	TriesPerSecond float64
 	DeadLastHour   []reasonCount
 	Chart          chart
+	// Providers are the named providers (SMS_PROVIDERS): each one's share
+	// of the last hour and its circuits as the live senders report them.
+	Providers []providerLine
+	// CircuitsUnread is set when the senders' heartbeats could not be read.
+	CircuitsUnread bool
+}
+
+type providerLine struct {
+	outbox.ProviderShare
+	flow.Circuit
+	// Share is Sent as a fraction of every provider's.
+	Share float64
 }
 
 type statusLine struct {
@@ -253,7 +266,55 @@ func (c *Console) loadOverview(ctx context.Context) (overviewView, error) {
 	for _, reason := range reasons {
 		v.DeadLastHour = append(v.DeadLastHour, reasonCount{reason, dead[reason]})
 	}
+	if v.Providers, v.CircuitsUnread, err = c.loadProviders(ctx, since); err != nil {
+		return v, err
+	}
 	return v, nil
+}
+
+// circuitsLiveFor is how recent a sender's heartbeat must be for the
+// circuits it carries to count: senders beat every half second.
+const circuitsLiveFor = 10 * time.Second
+
+// loadProviders joins each named provider's share since since with its
+// circuits as the senders last reported them; unread is set when the
+// heartbeats could not be read (the shares are still shown).
+func (c *Console) loadProviders(ctx context.Context, since time.Time) (lines []providerLine, unread bool, err error) {
+	shares, err := outbox.ProviderShares(ctx, c.cfg.Pool, since)
+	if err != nil {
+		return nil, false, err
+	}
+	circuits, cerr := flow.ReadCircuits(ctx, c.cfg.JetStream.Conn(), "", circuitsLiveFor)
+	if cerr != nil {
+		c.log.Debug("console: read the senders' circuits", "err", cerr)
+	}
+	by := map[string]*providerLine{}
+	var order []string
+	line := func(p string) *providerLine {
+		if by[p] == nil {
+			by[p] = &providerLine{}
+			by[p].ProviderShare.Provider, by[p].Circuit.Provider = p, p
+			order = append(order, p)
+		}
+		return by[p]
+	}
+	var total int64
+	for _, s := range shares {
+		line(s.Provider).ProviderShare = s
+		total += s.Sent
+	}
+	for _, ci := range circuits {
+		line(ci.Provider).Circuit = ci
+	}
+	slices.Sort(order)
+	for _, p := range order {
+		l := by[p]
+		if total > 0 {
+			l.Share = float64(l.Sent) / float64(total)
+		}
+		lines = append(lines, *l)
+	}
+	return lines, cerr != nil && len(lines) > 0, nil
 }
 
 // reasons are the dead-letter reasons, in the order the pages list them.

@@ -17,6 +17,7 @@ var funcs = template.FuncMap{
 	"num":  formatNum,
 	"ms":   formatMs,
 	"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"percent": func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + " %" },
 	"since": func(t, now time.Time) string {
 		return formatAge(now.Sub(t))
 	},

@@ -115,6 +115,9 @@ type Config struct {
 	// LiveFor is how long a sender counts as running after its last
 	// heartbeat; default 4 * Heartbeat.
 	LiveFor time.Duration
+	// Circuits, when set, reports the sender's provider circuits (provider
+	// name to state): each heartbeat carries them, for the console.
+	Circuits func() map[string]string
 	// Demand reports the messages waiting for a token; nil counts none. It
 	// is called often (on every wait for a token), so it must be cheap.
 	Demand func() int
@@ -174,6 +177,9 @@ type heartbeat struct {
 	// (they weigh a sender 1 + demand), so that a fleet part old, part new
 	// (a rolling upgrade) still splits the limit the same way.
 	Demand int `json:"demand"`
+	// Circuits are the sender's provider circuits (SMS_PROVIDERS), by
+	// provider: closed, half-open or open.
+	Circuits map[string]string `json:"circuits,omitempty"`
 }
 
 // New returns a Limiter, or an error naming the bad setting. It starts with
@@ -603,7 +609,11 @@ func (l *Limiter) beat(ctx context.Context) bool {
 		l.said = append(l.said, announcement{weight: w})
 	}
 	l.mu.Unlock()
-	b, _ := json.Marshal(heartbeat{Weight: w, Demand: int(w) - 1})
+	hb := heartbeat{Weight: w, Demand: int(w) - 1}
+	if l.cfg.Circuits != nil {
+		hb.Circuits = l.cfg.Circuits()
+	}
+	b, _ := json.Marshal(hb)
 	pctx, cancel := context.WithTimeout(ctx, l.cfg.Heartbeat)
 	defer cancel()
 	if _, err := kv.Put(pctx, "senders."+l.cfg.ID, b); err != nil {

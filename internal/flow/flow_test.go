@@ -415,3 +415,38 @@ func TestStartWithoutTheBucketTakesAPart(t *testing.T) {
 		return gauge(t, reg, "sendonce_sender_rate_fallback") == 0 && gauge(t, reg, "sendonce_sender_rate_senders") == 1
 	})
 }
+
+// Each heartbeat carries the sender's provider circuits, and ReadCircuits
+// counts them over the live senders.
+func TestHeartbeatsCarryTheCircuits(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	states := map[string]map[string]string{
+		"a": {"twilio": "open", "vonage": "closed"},
+		"b": {"twilio": "closed", "vonage": "closed"},
+	}
+	for id, st := range states {
+		_, js := srv.Connect(t)
+		l, err := flow.New(flow.Config{JetStream: js, Create: true, ID: id, Heartbeat: 100 * time.Millisecond, LiveFor: time.Second,
+			Circuits: func() map[string]string { return st }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = l.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	nc, _ := srv.Connect(t)
+	want := []flow.Circuit{{Provider: "twilio", Closed: 1, Open: 1}, {Provider: "vonage", Closed: 2}}
+	var got []flow.Circuit
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var err error
+		if got, err = flow.ReadCircuits(context.Background(), nc, "", 5*time.Second); err == nil && slices.Equal(got, want) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("circuits %+v; want %+v", got, want)
+}

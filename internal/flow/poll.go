@@ -1,8 +1,11 @@
 package flow
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -152,3 +155,59 @@ func (e *polledEntry) Revision() uint64                { return e.revision }
 func (e *polledEntry) Created() time.Time              { return e.created }
 func (e *polledEntry) Delta() uint64                   { return 0 }
 func (e *polledEntry) Operation() jetstream.KeyValueOp { return e.op }
+
+// Circuit is one provider's circuit as the senders last reported it.
+type Circuit struct {
+	// Provider names it.
+	Provider string
+	// Closed, HalfOpen and Open count the live senders whose circuit of
+	// the provider is in that state.
+	Closed, HalfOpen, Open int
+}
+
+// ReadCircuits reads the provider circuits the live senders report in
+// their heartbeats in bucket (DefaultBucket when empty): those whose
+// heartbeat is younger than liveFor. It needs only a direct get of the
+// bucket's stream.
+func ReadCircuits(ctx context.Context, nc *nats.Conn, bucket string, liveFor time.Duration) ([]Circuit, error) {
+	bucket = cmp.Or(bucket, DefaultBucket)
+	prefix := "$KV." + bucket + ".senders."
+	msgs, err := directget.Get(ctx, nc, "KV_"+bucket, directget.Request{MultiLastFor: []string{prefix + ">"}})
+	if errors.Is(err, directget.ErrNoMessages) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	by := map[string]*Circuit{}
+	for _, m := range msgs {
+		if m.Header.Get("KV-Operation") != "" || time.Since(m.Time) > liveFor {
+			continue
+		}
+		var hb heartbeat
+		if json.Unmarshal(m.Data, &hb) != nil {
+			continue
+		}
+		for p, st := range hb.Circuits {
+			c := by[p]
+			if c == nil {
+				c = &Circuit{Provider: p}
+				by[p] = c
+			}
+			switch st {
+			case "closed":
+				c.Closed++
+			case "half-open":
+				c.HalfOpen++
+			default:
+				c.Open++
+			}
+		}
+	}
+	out := make([]Circuit, 0, len(by))
+	for _, c := range by {
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(a, b Circuit) int { return strings.Compare(a.Provider, b.Provider) })
+	return out, nil
+}

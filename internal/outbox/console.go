@@ -486,3 +486,40 @@ func OldestRows(ctx context.Context, q Querier) (pending, inflight OldestRow, er
 	}
 	return pending, inflight, nil
 }
+
+// ProviderShare is one provider's part of the traffic since a time.
+type ProviderShare struct {
+	Provider string
+	// Sent counts the rows it accepted; Failed the calls to it that did
+	// not end sent (retries, refusals, lost answers); Moved the messages
+	// that moved from it to the next provider, which had certainly not
+	// taken them.
+	Sent, Failed, Moved int64
+}
+
+// ProviderShares counts each named provider's traffic since since (rows
+// that name no provider, from a sender with one unnamed provider, are not
+// counted), in provider order.
+func ProviderShares(ctx context.Context, q Querier, since time.Time) ([]ProviderShare, error) {
+	rows, _ := q.Query(ctx, `SELECT provider, sum(sent)::bigint, sum(failed)::bigint, sum(moved)::bigint FROM (
+			SELECT provider, count(*) AS sent, 0 AS failed, 0 AS moved
+			FROM sms_outbox
+			WHERE status IN ('sent', 'delivered', 'undelivered') AND updated_at >= $1 AND sent_at >= $1 AND provider IS NOT NULL
+			GROUP BY 1
+			UNION ALL
+			SELECT provider, 0, count(*) FILTER (WHERE outcome NOT IN ('sent', 'lookup')),
+				count(*) FILTER (WHERE outcome = 'retry' AND error LIKE 'not taken, moved to %')
+			FROM sms_attempts WHERE started_at >= $1 AND provider IS NOT NULL
+			GROUP BY 1
+		) per GROUP BY provider ORDER BY provider`, since)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProviderShare, error) {
+		var p ProviderShare
+		err := r.Scan(&p.Provider, &p.Sent, &p.Failed, &p.Moved)
+		p.Provider = safetext.Clean(p.Provider)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: providers' shares: %w", err)
+	}
+	return out, nil
+}

@@ -143,3 +143,16 @@ func providerMetrics(m *metrics) []prometheus.Collector {
 	}, []string{"from", "to"})
 	return []prometheus.Collector{m.providerState, m.providerCalls, m.failovers}
 }
+
+// Circuits reports each named provider's circuit state (closed, half-open,
+// open); nil for a sender whose one provider has no name.
+func (s *Sender) Circuits() map[string]string {
+	if s.routes[0].Name == "" {
+		return nil
+	}
+	out := make(map[string]string, len(s.routes))
+	for _, r := range s.routes {
+		out[r.Name] = r.br.State().String()
+	}
+	return out
+}
