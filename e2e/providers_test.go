@@ -171,3 +171,33 @@ func TestLostAnswersNeverReachTheSecondary(t *testing.T) {
 	}
 	t.Logf("%d rows stayed with the silent primary (unknown), %d went to the secondary", lost, moved)
 }
+
+// A lane may prefer a provider: urgent messages go to it while the others
+// go to the first of the list.
+func TestALanePrefersItsProvider(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	_, stopRelay := e.startRelay(relay.Config{})
+	defer stopRelay()
+	stop := e.startSender(senderOptions{cfg: sender.Config{
+		Routes:        []sender.Route{e.route("primary", e.stubURL, 2*time.Second), e.route("secondary", secondaryURL, 2*time.Second)},
+		LaneProviders: map[string]string{"urgent": "secondary"},
+	}})
+	defer stop()
+
+	urgent := e.insertWith(outbox.Urgent, 0, 50)
+	normal := e.insertWith(outbox.Normal, 50, 50)
+	e.waitTerminal(append(append([]uuid.UUID{}, urgent...), normal...), 60*time.Second)
+	at := e.providerOf(append(append([]uuid.UUID{}, urgent...), normal...))
+	for _, id := range urgent {
+		if at[id] != "secondary" || secondary.Deliveries()[id.String()].Deliveries != 1 {
+			t.Errorf("urgent row %s went to %q; want the secondary, which its lane prefers", id, at[id])
+		}
+	}
+	for _, id := range normal {
+		if at[id] != "primary" || e.stub.Deliveries()[id.String()].Deliveries != 1 {
+			t.Errorf("normal row %s went to %q; want the primary", id, at[id])
+		}
+	}
+}

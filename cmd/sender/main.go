@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,9 @@ type config struct {
 	overdue      time.Duration
 	overdueLooks int
 	overdueRate  float64
+	// laneProviders is SMS_LANE_PROVIDERS, parsed by the check.
+	laneProvidersRaw string
+	laneProviders    map[string]string
 }
 
 func bind(s *envflag.Set, c *config) {
@@ -65,7 +69,13 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.overdue, "receipt-overdue", "SENDER_RECEIPT_OVERDUE", sender.DefaultReceiptOverdue, 0, 7*24*time.Hour, "how long a sent message may go without a delivery receipt before the provider is asked for its fate, with RECEIPTS_PUBLIC_URL and SMS_API_LOOKUP (0: never); at least 1m")
 	s.Int(&c.overdueLooks, "receipt-overdue-looks", "SENDER_RECEIPT_OVERDUE_LOOKS", sender.DefaultReceiptOverdueLooks, 1, 100, "how many times a message whose receipt is overdue is looked up, at SENDER_RECEIPT_OVERDUE after it was sent and each next time twice as long after (at most a day apart); after the last it stays sent")
 	s.Float(&c.overdueRate, "receipt-overdue-rate", "SENDER_RECEIPT_OVERDUE_RATE", sender.DefaultReceiptOverdueRate, 0.01, 1000, "most lookups a second of messages whose receipt is overdue, per sender; each also takes a token of SMS_RATE_LIMIT that no send is waiting for")
+	s.String(&c.laneProvidersRaw, "lane-providers", "SMS_LANE_PROVIDERS", "", "a preferred provider per priority lane among SMS_PROVIDERS, e.g. urgent=twilio,bulk=vonage: a new message of that lane goes there while its circuit is closed (the others go to the first of SMS_PROVIDERS)")
 	s.Check(func() error {
+		lp, err := parseLaneProviders(c.laneProvidersRaw, c.provider)
+		if err != nil {
+			return fmt.Errorf("-lane-providers / SMS_LANE_PROVIDERS: %w", err)
+		}
+		c.laneProviders = lp
 		if c.overdue > 0 && c.overdue < time.Minute {
 			return fmt.Errorf("-receipt-overdue / SENDER_RECEIPT_OVERDUE (%s) must be 0 or at least 1m: receipts take seconds to come, and a shorter time would look up nearly every message", c.overdue)
 		}
@@ -86,6 +96,38 @@ func bind(s *envflag.Set, c *config) {
 		}
 		return nil
 	})
+}
+
+// parseLaneProviders reads SMS_LANE_PROVIDERS: lane=provider pairs, each
+// lane once, each provider one of SMS_PROVIDERS.
+func parseLaneProviders(raw string, p provider.Settings) (map[string]string, error) {
+	if strings.TrimSpace(raw) == "" {
+		return nil, nil
+	}
+	if !p.Failover() {
+		return nil, errors.New("needs SMS_PROVIDERS: with one provider there is nothing to prefer")
+	}
+	names, err := p.Names()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, pair := range strings.Split(raw, ",") {
+		lane, prov, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		lane, prov = strings.TrimSpace(lane), strings.TrimSpace(prov)
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%q is not lane=provider", pair)
+		case lane != "urgent" && lane != "normal" && lane != "bulk":
+			return nil, fmt.Errorf("no lane %q (urgent, normal, bulk)", lane)
+		case out[lane] != "":
+			return nil, fmt.Errorf("lane %s is named twice", lane)
+		case !slices.Contains(names, prov):
+			return nil, fmt.Errorf("provider %q of lane %s is not in SMS_PROVIDERS", prov, lane)
+		}
+		out[lane] = prov
+	}
+	return out, nil
 }
 
 // flowID names this process in the shared flow state: host and process id,
@@ -171,7 +213,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		return fmt.Errorf("SMS_RATE_LIMIT: %w", err)
 	}
 	snd, err = sender.New(sender.Config{
-		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Routes: routes, Concurrency: c.concurrency,
+		Pool: conns.Pool, JetStream: conns.JS, Provider: prov, Routes: routes, LaneProviders: c.laneProviders, Concurrency: c.concurrency,
 		ClaimLinger: cmp.Or(c.claimLinger, -1), WriteLinger: cmp.Or(c.writeLinger, -1),
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,

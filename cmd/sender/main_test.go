@@ -61,6 +61,9 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"unknown provider in the list", map[string]string{"SMS_PROVIDERS": "generic,acme"}, nil, "SMS_PROVIDERS"},
 		{"provider listed twice", map[string]string{"SMS_PROVIDERS": "generic,generic"}, nil, "SMS_PROVIDERS"},
 		{"listed provider without credentials", map[string]string{"SMS_PROVIDERS": "generic,twilio"}, nil, "TWILIO_ACCOUNT_SID"},
+		{"lane provider without a list", map[string]string{"SMS_LANE_PROVIDERS": "urgent=generic"}, nil, "SMS_LANE_PROVIDERS"},
+		{"lane provider not listed", map[string]string{"SMS_PROVIDERS": "generic", "SMS_LANE_PROVIDERS": "urgent=twilio"}, nil, "SMS_LANE_PROVIDERS"},
+		{"no such lane", map[string]string{"SMS_PROVIDERS": "generic", "SMS_LANE_PROVIDERS": "vip=generic"}, nil, "SMS_LANE_PROVIDERS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

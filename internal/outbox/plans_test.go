@@ -92,7 +92,7 @@ func claimPlans(t *testing.T, conn *pgxpool.Conn, ids []uuid.UUID) (int64, strin
 	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
 		t.Fatal(err)
 	}
-	plan := pgtest.Explain(t, conn, fmt.Sprintf(`EXECUTE %s('{%s}', '1 minute', '%s', '{0}', '{0}', '', '')`, name, ids[0], token))
+	plan := pgtest.Explain(t, conn, fmt.Sprintf(`EXECUTE %s('{%s}', '1 minute', '%s', '{0}', '{0}', '', '', '{""}')`, name, ids[0], token))
 	return generic, plan
 }
 

@@ -101,6 +101,9 @@ type Providers struct {
 	// rows named their provider (before migration 0019) was attempted
 	// there, or nowhere.
 	Primary string
+	// Each, when set, holds a preferred provider per id (in the order of
+	// the ids; "" for Preferred): a priority lane's own preference.
+	Each []string
 }
 
 // Delivery names one delivery of one message: the message's stream
@@ -138,6 +141,12 @@ func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, from []Delive
 // claimed that has none (Providers), and returns it as Claim.Provider.
 func ClaimForSendTo(ctx context.Context, q Querier, ids []uuid.UUID, from []Delivery, lease time.Duration, token uuid.UUID, p Providers) ([]Claim, error) {
 	seqs, counts := make([]int64, len(ids)), make([]int32, len(ids))
+	each := p.Each
+	if each == nil {
+		each = make([]string, len(ids))
+	} else if len(each) != len(ids) {
+		return nil, fmt.Errorf("outbox: claim rows for sending: %d ids but %d preferred providers", len(ids), len(each))
+	}
 	if from != nil {
 		if len(from) != len(ids) {
 			return nil, fmt.Errorf("outbox: claim rows for sending: %d ids but %d deliveries", len(ids), len(from))
@@ -167,9 +176,9 @@ WITH cur AS (
 	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
 	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(d.seq, 0) END,
 	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(d.delivery, 0) END,
-	    provider = coalesce(o.provider, nullif(CASE WHEN o.attempt_count = 0 THEN $6 ELSE $7 END, ''))
+	    provider = coalesce(o.provider, nullif(CASE WHEN o.attempt_count = 0 THEN coalesce(nullif(d.pref, ''), $6) ELSE $7 END, ''))
 	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
-	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[]) AS d(id, seq, delivery) USING (id)
+	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)
 	WHERE o.id = cur.id
 	  AND (cur.status = 'pending'
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
@@ -182,7 +191,7 @@ SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT N
        coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
        clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, '')
 FROM cur
-LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary)
+LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary, each)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
 		var (
 			c          Claim

@@ -167,7 +167,14 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 	for i, id := range ids {
 		from[i] = deliveryOf(byID[id][0].md)
 	}
-	claims, deadline, ok := s.claim(hold, ids, from)
+	provs := s.providers()
+	if len(s.cfg.LaneProviders) > 0 && provs.Preferred != "" {
+		provs.Each = make([]string, len(ids))
+		for i, id := range ids {
+			provs.Each[i] = s.lanePreference(byID[id][0].msg.Subject())
+		}
+	}
+	claims, deadline, ok := s.claim(hold, ids, from, provs)
 	if !ok {
 		// Given up at shutdown without an answer: whether the claim took
 		// the rows is unknown; another sender's claim will find out.
@@ -225,12 +232,12 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 // deadline is the end of the claims' lease by the local clock, counted from
 // before the claim that answered was sent: never later than the lease the
 // database stamped, whatever the round trip took.
-func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Delivery) ([]outbox.Claim, time.Time, bool) {
+func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Delivery, provs outbox.Providers) ([]outbox.Claim, time.Time, bool) {
 	token := uuid.New()
 	for failures := 0; ; {
 		deadline := time.Now().Add(s.cfg.Lease)
 		dbCtx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
-		claims, err := outbox.ClaimForSendTo(dbCtx, s.cfg.Pool, ids, from, s.cfg.Lease, token, s.providers())
+		claims, err := outbox.ClaimForSendTo(dbCtx, s.cfg.Pool, ids, from, s.cfg.Lease, token, provs)
 		cancel()
 		if err == nil {
 			s.health.claimed()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,6 +48,11 @@ type Config struct {
 	// it, and moves on only when its attempts there certainly did not.
 	// Provider is then the first's.
 	Routes []Route
+	// LaneProviders names a preferred provider per priority lane (urgent,
+	// normal, bulk) among Routes (SMS_LANE_PROVIDERS): a new message of
+	// that lane goes there while its circuit takes calls, else where the
+	// others go.
+	LaneProviders map[string]string
 	// Stream and Consumer name the durable pull consumer; default "SMS"
 	// and "senders".
 	Stream, Consumer string
@@ -191,6 +197,14 @@ func (c *Config) validate() error {
 			return fmt.Errorf("sender: Lease %s must exceed twice the provider timeout %s of %s when lookups are on", c.Lease, r.Provider.Timeout(), r.Name)
 		}
 		names[r.Name] = true
+	}
+	for lane, p := range c.LaneProviders {
+		switch {
+		case !slices.ContainsFunc(streams.Lanes, func(l streams.Lane) bool { return l.Name == lane }):
+			return fmt.Errorf("sender: LaneProviders: no lane %q (urgent, normal, bulk)", lane)
+		case !names[p]:
+			return fmt.Errorf("sender: LaneProviders: lane %s names provider %q, which is not among the routes", lane, p)
+		}
 	}
 	switch {
 	case c.Pool == nil:

@@ -9,6 +9,7 @@ import (
 	"github.com/sendonce/sendonce/internal/breaker"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/streams"
 )
 
 // Route is one provider of an ordered failover list (SMS_PROVIDERS).
@@ -155,4 +156,20 @@ func (s *Sender) Circuits() map[string]string {
 		out[r.Name] = r.br.State().String()
 	}
 	return out
+}
+
+// lanePreference returns the provider the lane of a message published on
+// subject prefers, while its circuit takes calls; "" otherwise.
+func (s *Sender) lanePreference(subject string) string {
+	lane := "normal"
+	for _, l := range streams.Lanes {
+		if subject == l.Subject {
+			lane = l.Name
+		}
+	}
+	name := s.cfg.LaneProviders[lane]
+	if r := s.route(name); name != "" && r != nil && r.br.Ready() {
+		return name
+	}
+	return ""
 }
