@@ -69,7 +69,7 @@
 --     pending, queued, sending, sent, unknown, dead -> delivered, undelivered
 --     (over dead: the provider's signed word that it had the message, I7)
 --   sendonce_console: none directly; through sendonce_console_replay:
---     dead, unknown -> pending
+--     dead -> pending (never unknown: see the function)
 --   sendonce_app: no UPDATE at all.
 --   retention (sendonce_purge, the relay): deletes finished rows, no move.
 --
@@ -228,7 +228,13 @@ BEGIN
             claim_id = NULL, lease_until = NULL, end_reason = NULL, letter_seq = NULL,
             last_error = 'replayed by operator; before: ' || coalesce(o.last_error, '')
         FROM locked
-        WHERE o.id = locked.id AND o.status IN ('dead', 'unknown')
+        -- Dead rows only: the provider never took them (the table refuses
+        -- dead with maybe_accepted). Whether an unknown row is safe to send
+        -- again depends on the provider's idempotency, which the row does
+        -- not record: a console login could otherwise send such a row
+        -- twice, whatever the console itself checks. Unknown rows are for
+        -- relay dlq replay, after relay trace.
+        WHERE o.id = locked.id AND o.status = 'dead' AND NOT o.maybe_accepted
           AND NOT EXISTS (SELECT 1 FROM sms_evidence e WHERE e.outbox_id = o.id
                           AND (e.kind = 'receipt' OR (e.kind = 'lookup' AND e.result IN ('found', 'several'))))
         RETURNING o.id

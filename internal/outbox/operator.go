@@ -145,6 +145,11 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		case !matches(t, c.gen, c.reason):
 			r.Refused = fmt.Sprintf("stale letter (generation %d, %s): the row is now %s in generation %d (%s)",
 				t.Gen, t.Reason, c.status, c.gen, c.reason)
+		case c.status == StatusUnknown && opts.Audit != nil:
+			// The database lets the console replay dead rows only
+			// (sendonce_console_replay): an unknown row's safety rests on
+			// the provider's idempotency, which the row does not record.
+			r.Refused = "unknown: the provider may have the message; the console replays dead rows only (relay dlq replay, after relay trace)"
 		case r.Evidence != "" && !opts.Force:
 			r.Refused = "the provider may have the message: " + r.Evidence + "; a replay may send it again (relay dlq replay -force, after relay trace)"
 			r.NeedsForce = true
