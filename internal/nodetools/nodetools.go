@@ -1,14 +1,17 @@
 // Package nodetools gives tests the Node programs of tools/node (Stoplight
-// Prism, Vonage's JWT package), installed from its package-lock.json with
-// npm ci into tools/node/node_modules (ignored by git). .ci/run installs
-// them before the tests; a test that finds them missing installs them
-// itself, one package at a time (a lock file). Without node and npm a test
-// is skipped, except in CI (CI set), where it fails.
+// Prism, Vonage's JWT package, Twilio's SDK), installed from its
+// package-lock.json with npm ci into tools/node/node_modules (ignored by
+// git). .ci/run installs them before the tests; a test that finds them
+// missing installs them itself, one package at a time (a lock file).
+// Without node and npm a test is skipped, except in CI (CI set), where it
+// fails.
 package nodetools
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,7 +66,7 @@ func Bin(t testing.TB, name string) string {
 }
 
 func installed(dir string) bool {
-	for _, p := range []string{".bin/prism", "@vonage/jwt/package.json", "jsonwebtoken/package.json"} {
+	for _, p := range []string{".bin/prism", "@vonage/jwt/package.json", "jsonwebtoken/package.json", "twilio/package.json"} {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", p)); err != nil {
 			return false
 		}
@@ -108,4 +111,40 @@ func Node(t testing.TB, script string, stdin []byte, env []string, args ...strin
 		t.Fatalf("node %s: %v\n%s", script, err, errb.String())
 	}
 	return out.String()
+}
+
+// TwilioCase is one question for Twilio's Node SDK
+// (tools/node/twilio-signature.js): Op "sign" asks for the
+// X-Twilio-Signature Twilio sends with a request to URL (query string
+// included) of the form Params, signed with Token; Op "validate" asks
+// whether the SDK's validateRequest takes that request, with Signature, as
+// Twilio's.
+type TwilioCase struct {
+	Op        string     `json:"op"`
+	Token     string     `json:"token"`
+	URL       string     `json:"url"`
+	Params    url.Values `json:"params"`
+	Signature string     `json:"signature,omitempty"`
+}
+
+// TwilioAnswer is the SDK's answer to a TwilioCase: Signature for "sign",
+// Valid for "validate".
+type TwilioAnswer struct {
+	Signature string `json:"signature"`
+	Valid     bool   `json:"valid"`
+}
+
+// Twilio asks Twilio's Node SDK each case, in one run of node.
+func Twilio(t testing.TB, cases []TwilioCase) []TwilioAnswer {
+	t.Helper()
+	in, err := json.Marshal(cases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := Node(t, "twilio-signature.js", in, nil)
+	var answers []TwilioAnswer
+	if err := json.Unmarshal([]byte(out), &answers); err != nil || len(answers) != len(cases) {
+		t.Fatalf("twilio-signature.js answered %d bytes for %d cases: %v", len(out), len(cases), err)
+	}
+	return answers
 }

@@ -40,6 +40,8 @@ const vonageErratum = "      required:\n        - to\n        - from\n        - 
 // prismExchange is one request Prism validated, as the proxy in front of
 // it saw it.
 type prismExchange struct {
+	method     string
+	uri        string // the path and query the client asked for
 	body       []byte
 	status     int
 	violations []prismViolation
@@ -106,13 +108,15 @@ func TestVonageDefaultBaseIsTheDocumentsServer(t *testing.T) {
 
 // startPrism runs Stoplight Prism as a validating mock of spec and returns
 // the base URL of a proxy in front of it, which records every exchange
-// (Prism's sl-violations header) and, when prefer is set, asks Prism for
-// that answer (its Prefer header: "code=429"). Prism serves the document's
-// paths without its server's path, so the proxy takes the server's path
-// (/v1/messages) off: any other path stays, and Prism answers it 404.
-func startPrism(t *testing.T, spec string) (base string, prefer func(string), exchanges func() []prismExchange) {
+// (Prism's sl-violations header, or the violations of the answer Prism
+// makes up when the document defines none: problemViolations) and, when
+// prefer is set, asks Prism for that answer (its Prefer header:
+// "code=429"). Prism serves the document's paths without its server's
+// path, so the proxy takes serverPath (Vonage's /v1/messages) off a
+// request for exactly that path: any other path stays, and Prism answers
+// it 404 unless the document has it.
+func startPrism(t *testing.T, spec, serverPath string) (base string, prefer func(string), exchanges func() []prismExchange) {
 	t.Helper()
-	serverPath := vonageServer(t).Path
 	prism := nodetools.Bin(t, "prism")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -171,16 +175,27 @@ func startPrism(t *testing.T, spec string) (base string, prefer func(string), ex
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	proxy.ModifyResponse = func(resp *http.Response) error {
 		vs := parseViolations(resp.Header.Get("sl-violations"))
+		if len(vs) == 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+			answer, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			resp.Body = io.NopCloser(bytes.NewReader(answer))
+			vs = problemViolations(resp.StatusCode, answer)
+		}
 		body, _ := resp.Request.Context().Value(bodyKey{}).([]byte)
+		uri, _ := resp.Request.Context().Value(uriKey{}).(string)
 		mu.Lock()
-		xs = append(xs, prismExchange{body: body, status: resp.StatusCode, violations: vs})
+		xs = append(xs, prismExchange{method: resp.Request.Method, uri: uri, body: body, status: resp.StatusCode, violations: vs})
 		mu.Unlock()
 		return nil
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		if r.URL.Path == serverPath {
+		ctx := context.WithValue(context.WithValue(r.Context(), bodyKey{}, body), uriKey{}, r.URL.RequestURI())
+		if serverPath != "" && r.URL.Path == serverPath {
 			r.URL.Path = "/"
 		}
 		mu.Lock()
@@ -188,7 +203,7 @@ func startPrism(t *testing.T, spec string) (base string, prefer func(string), ex
 			r.Header.Set("Prefer", pref)
 		}
 		mu.Unlock()
-		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyKey{}, body)))
+		proxy.ServeHTTP(w, r.WithContext(ctx))
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL, func(p string) {
@@ -202,7 +217,33 @@ func startPrism(t *testing.T, spec string) (base string, prefer func(string), ex
 		}
 }
 
-type bodyKey struct{}
+type (
+	bodyKey struct{}
+	uriKey  struct{}
+)
+
+// problemViolations are the request violations of an answer Prism made up
+// itself (application/problem+json) because the document defines none for
+// the case: a 422 lists them under "validation", with locations that leave
+// out "request"; a 401 (no or wrong credentials) has none listed, and
+// counts as one. Any other made-up answer (a 404 for a path the document
+// lacks, a 500 of Prism's) is one too: the request was not the document's.
+func problemViolations(status int, answer []byte) []prismViolation {
+	var p struct {
+		Title      string           `json:"title"`
+		Validation []prismViolation `json:"validation"`
+	}
+	_ = json.Unmarshal(answer, &p)
+	var vs []prismViolation
+	for _, v := range p.Validation {
+		v.Location = append([]string{"request"}, v.Location...)
+		vs = append(vs, v)
+	}
+	if len(vs) == 0 {
+		vs = []prismViolation{{Location: []string{"request"}, Code: status, Message: p.Title}}
+	}
+	return vs
+}
 
 // parseViolations reads Prism's sl-violations header: a JSON list, which
 // Prism prefixes with "Too many violations! " and cuts short when long.
@@ -255,7 +296,7 @@ func correctedSpec(t *testing.T) string {
 // defines, in the shape the document gives it, as docs/providers.md says.
 func TestVonageConformsToPublishedSpec(t *testing.T) {
 	t.Parallel()
-	base, prefer, exchanges := startPrism(t, correctedSpec(t))
+	base, prefer, exchanges := startPrism(t, correctedSpec(t), vonageServer(t).Path)
 	msgs := []provider.Message{
 		testMsg,
 		{Key: "7d4b5a8e-3c21-4f7e-9b0a-1e2d3c4b5a69", To: "+447700900000", Body: "ünïcode ✓ and \"quotes\"\nand a newline"},
@@ -322,7 +363,7 @@ func TestVonageConformsToPublishedSpec(t *testing.T) {
 // the erratum is what the test corrects, and all it corrects).
 func TestPrismValidatesVonageRequests(t *testing.T) {
 	t.Parallel()
-	base, _, exchanges := startPrism(t, correctedSpec(t))
+	base, _, exchanges := startPrism(t, correctedSpec(t), vonageServer(t).Path)
 	post := func(body string) {
 		req, err := http.NewRequest(http.MethodPost, base+"/v1/messages", strings.NewReader(body))
 		if err != nil {
@@ -346,7 +387,7 @@ func TestPrismValidatesVonageRequests(t *testing.T) {
 		}
 	}
 
-	published, _, pubExchanges := startPrism(t, vonageSpec)
+	published, _, pubExchanges := startPrism(t, vonageSpec, vonageServer(t).Path)
 	c, err := provider.NewVonage(provider.VonageConfig{BaseURL: published, APIKey: "abcd1234", APISecret: "s3cret-secret", From: "Acme", Timeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
