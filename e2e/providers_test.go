@@ -3,12 +3,14 @@ package e2e
 import (
 	"context"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sendonce/sendonce/internal/breaker"
+	store "github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
@@ -200,4 +202,215 @@ func TestALanePrefersItsProvider(t *testing.T) {
 			t.Errorf("normal row %s went to %q; want the primary", id, at[id])
 		}
 	}
+}
+
+// hookProv is a real client whose Send a test replaces.
+type hookProv struct {
+	*provider.Client
+	send func(ctx context.Context, m provider.Message) provider.Outcome
+}
+
+func (h *hookProv) Send(ctx context.Context, m provider.Message) provider.Outcome {
+	return h.send(ctx, m)
+}
+
+func (e *env) lookupClient(base string) *provider.Client {
+	e.t.Helper()
+	p, err := provider.New(provider.Config{BaseURL: base, APIKey: testAPIKey, Timeout: 2 * time.Second, Lookup: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+// A Postgres failover loses the move to B after B was called: A refuses
+// the first call (the request never left), the row moves to B, B takes the
+// message, the promoted primary lost the move (the row names A again,
+// put back during B's call) and B's answer is lost. The result write,
+// fenced on the claim that survived, names B: the row is looked up there,
+// never sent at A.
+func TestALostMoveNeverSendsTwice(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	var mu sync.Mutex
+	firstA := map[string]bool{}
+	pa := e.lookupClient(e.stubURL)
+	pb := e.lookupClient(secondaryURL)
+	primary := &hookProv{Client: pa}
+	primary.send = func(ctx context.Context, m provider.Message) provider.Outcome {
+		mu.Lock()
+		first := !firstA[m.Key]
+		firstA[m.Key] = true
+		mu.Unlock()
+		if first {
+			return provider.Outcome{Kind: provider.Retry, Reason: "request not sent: connect failed: connection refused"}
+		}
+		return pa.Send(ctx, m)
+	}
+	sec := &hookProv{Client: pb}
+	sec.send = func(ctx context.Context, m provider.Message) provider.Outcome {
+		// The failover loses the Repin: the promoted database has the row as
+		// the claim left it, naming the primary.
+		if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET provider = 'primary' WHERE id = $1`, m.Key); err != nil {
+			t.Error(err)
+		}
+		_ = pb.Send(ctx, m)                                                                                                               // B takes it ...
+		return provider.Outcome{Kind: provider.Ambiguous, MaybeAccepted: true, Reason: "no response after the request was sent: timeout"} // ... and the answer is lost
+	}
+	_, stopRelay := e.startRelay(relay.Config{})
+	defer stopRelay()
+	big := breaker.Config{Failures: 1000}
+	stop := e.startSender(senderOptions{cfg: sender.Config{LookupSettle: 200 * time.Millisecond, Routes: []sender.Route{
+		{Name: "primary", Provider: primary, Breaker: breaker.New(big)},
+		{Name: "secondary", Provider: sec, Breaker: breaker.New(big)}}}})
+	defer stop()
+
+	ids := e.insert(3)
+	rows := e.waitTerminal(ids, 60*time.Second)
+	at := e.providerOf(ids)
+	a, b := e.stub.Deliveries(), secondary.Deliveries()
+	for _, id := range ids {
+		k := id.String()
+		t.Logf("row %s: %s at %q; deliveries primary %d, secondary %d", id, rows[id].status, at[id], a[k].Deliveries, b[k].Deliveries)
+		if a[k].Deliveries+b[k].Deliveries > 1 {
+			t.Errorf("row %s delivered %d times across both providers ", id, a[k].Deliveries+b[k].Deliveries)
+		}
+	}
+}
+
+// A Postgres failover loses the claim that named B (A's circuit open, so
+// B preferred): B takes the message and its answer is lost; the result
+// write misses its claim. Its marks name B, and so does its attempt: the
+// row is looked up at B (and at A: the redelivery may have lost anything),
+// never sent at A.
+func TestALostClaimNeverSendsTwice(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	pa := e.lookupClient(e.stubURL)
+	pb := e.lookupClient(secondaryURL)
+	sec := &hookProv{Client: pb}
+	sec.send = func(ctx context.Context, m provider.Message) provider.Outcome {
+		// The failover loses the claim: the promoted database has the row as
+		// the relay left it.
+		if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET status = 'queued', provider = NULL,
+			attempt_count = attempt_count - 1, claim_id = NULL, lease_until = NULL, claim_seq = NULL, claim_delivery = NULL
+			WHERE id = $1`, m.Key); err != nil {
+			t.Error(err)
+		}
+		_ = pb.Send(ctx, m)
+		return provider.Outcome{Kind: provider.Ambiguous, MaybeAccepted: true, Reason: "no response after the request was sent: timeout"}
+	}
+	// The primary's circuit is open at the start (and stays so): new rows
+	// are named for the secondary.
+	brA := breaker.New(breaker.Config{Failures: 1, OpenFor: time.Hour})
+	brA.Admit()
+	brA.Done(false)
+	_, stopRelay := e.startRelay(relay.Config{})
+	defer stopRelay()
+	stop := e.startSender(senderOptions{cfg: sender.Config{LookupSettle: 200 * time.Millisecond, Routes: []sender.Route{
+		{Name: "primary", Provider: pa, Breaker: brA},
+		{Name: "secondary", Provider: sec, Breaker: breaker.New(breaker.Config{Failures: 1000})}}}})
+	defer stop()
+
+	ids := e.insert(3)
+	rows := e.waitTerminal(ids, 60*time.Second)
+	at := e.providerOf(ids)
+	a, b := e.stub.Deliveries(), secondary.Deliveries()
+	for _, id := range ids {
+		k := id.String()
+		t.Logf("row %s: %s at %q; deliveries primary %d, secondary %d", id, rows[id].status, at[id], a[k].Deliveries, b[k].Deliveries)
+		if a[k].Deliveries+b[k].Deliveries > 1 {
+			t.Errorf("row %s delivered %d times across both providers ", id, a[k].Deliveries+b[k].Deliveries)
+		}
+	}
+}
+
+// A move whose second call gets a 429 keeps the attempt the first call (a
+// real call at the primary, answered 503) spent: the next claim takes the
+// next number, the trace shows the send, and the count matches the log.
+func TestAMoveThenA429KeepsTheAttempt(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	_ = secondary
+	pa := e.lookupClient(e.stubURL)
+	pb := e.lookupClient(secondaryURL)
+	var mu sync.Mutex
+	seenA, seenB := map[string]bool{}, map[string]bool{}
+	primary := &hookProv{Client: pa}
+	primary.send = func(ctx context.Context, m provider.Message) provider.Outcome {
+		mu.Lock()
+		first := !seenA[m.Key]
+		seenA[m.Key] = true
+		mu.Unlock()
+		if first {
+			return provider.Outcome{Kind: provider.Retry, HTTPStatus: 503, Reason: "Service Unavailable"}
+		}
+		return pa.Send(ctx, m)
+	}
+	sec := &hookProv{Client: pb}
+	sec.send = func(ctx context.Context, m provider.Message) provider.Outcome {
+		mu.Lock()
+		first := !seenB[m.Key]
+		seenB[m.Key] = true
+		mu.Unlock()
+		if first {
+			return provider.Outcome{Kind: provider.Retry, HTTPStatus: 429, Reason: "Too Many Requests"}
+		}
+		return pb.Send(ctx, m)
+	}
+	_, stopRelay := e.startRelay(relay.Config{})
+	defer stopRelay()
+	big := breaker.Config{Failures: 1000}
+	stop := e.startSender(senderOptions{cfg: sender.Config{Routes: []sender.Route{
+		{Name: "primary", Provider: primary, Breaker: breaker.New(big)},
+		{Name: "secondary", Provider: sec, Breaker: breaker.New(big)}}}})
+	defer stop()
+	ids := e.insert(3)
+	e.waitTerminal(ids, 60*time.Second)
+	n, err := outboxMiscounted(e, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := e.pool.Query(context.Background(), `SELECT outbox_id, attempt, outcome, coalesce(provider,''), coalesce(http_status,0) FROM sms_attempts WHERE outbox_id = ANY($1) ORDER BY id`, ids)
+	for rows.Next() {
+		var id uuid.UUID
+		var a, hs int
+		var o, p string
+		_ = rows.Scan(&id, &a, &o, &p, &hs)
+		t.Logf("attempt %s #%d %s at %s (%d)", id.String()[:8], a, o, p, hs)
+	}
+	rows.Close()
+	var cnt []int
+	r2, _ := e.pool.Query(context.Background(), `SELECT attempt_count FROM sms_outbox WHERE id = ANY($1)`, ids)
+	for r2.Next() {
+		var c int
+		_ = r2.Scan(&c)
+		cnt = append(cnt, c)
+	}
+	r2.Close()
+	t.Logf("attempt counts %v", cnt)
+	for _, id := range ids {
+		as, err := store.Attempts(context.Background(), e.pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := false
+		for _, a := range as {
+			t.Logf("trace %s: #%d %s at %q fromRow=%v", id.String()[:8], a.Number, a.Outcome, a.Provider, a.FromRow)
+			sent = sent || a.Outcome == "sent"
+		}
+		if !sent {
+			t.Errorf("row %s: trace shows no sent attempt", id)
+		}
+	}
+	if n != 0 {
+		t.Errorf("MiscountedAttempts: %d rows", n)
+	}
+}
+
+func outboxMiscounted(e *env, ids []uuid.UUID) (int, error) {
+	return store.MiscountedAttempts(context.Background(), e.pool, ids)
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -97,10 +98,12 @@ type resolution struct {
 }
 
 func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) error {
-	c.provider.Lookup = true // resolve is a lookup
-	provs, err := c.provider.Clients(8)
+	provs, err := c.provider.LookupClients(8) // resolve is a lookup
 	if err != nil {
 		return err
+	}
+	if !slices.ContainsFunc(provs, func(p provider.Named) bool { return p.Client.CanLookup() }) {
+		return fmt.Errorf("SMS_PROVIDER / SMS_PROVIDERS: %s offers no lookup: relay resolve cannot ask it (a receipt may still settle its rows; docs/providers.md)", provs[0].Name)
 	}
 	// A row is looked up at the provider it names: the only one that may
 	// have its message (the first when it names none).
@@ -150,8 +153,12 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			prov := providerOf(r.Provider)
-			if prov == nil {
+			switch {
+			case prov == nil:
 				res[i].lookup = provider.LookupResult{Err: fmt.Errorf("the row's provider %q is not in SMS_PROVIDERS", r.Provider)}
+				return
+			case !prov.CanLookup():
+				res[i].lookup = provider.LookupResult{Err: fmt.Errorf("the row's provider %q offers no lookup; a receipt may still settle it", r.Provider)}
 				return
 			}
 			res[i].lookup = prov.Lookup(ctx, provider.LookupQuery{Reference: r.ID.String(), To: r.To, Body: r.Body, Since: r.CreatedAt})

@@ -176,7 +176,15 @@ WITH cur AS (
 	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
 	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(d.seq, 0) END,
 	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(d.delivery, 0) END,
-	    provider = coalesce(o.provider, nullif(CASE WHEN o.attempt_count = 0 THEN coalesce(nullif(d.pref, ''), $6) ELSE $7 END, ''))
+	    -- A row attempted and naming no provider (a failover lost the
+	    -- claim that named it) belongs to the provider its attempts went
+	    -- to; one attempted before rows named a provider, to the first.
+	    provider = CASE WHEN $7 = '' THEN o.provider
+	               WHEN o.provider IS NOT NULL THEN o.provider
+	               WHEN o.attempt_count = 0 THEN coalesce(nullif(d.pref, ''), nullif($6, ''))
+	               ELSE coalesce((SELECT a.provider FROM sms_attempts a
+	                              WHERE a.outbox_id = o.id AND a.provider IS NOT NULL
+	                              ORDER BY a.id DESC LIMIT 1), $7) END
 	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
 	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)
 	WHERE o.id = cur.id
@@ -332,6 +340,13 @@ type Result struct {
 	// (countMissed), unless Refund gives it back.
 	Attempt int
 	Gen     int32
+	// Provider names the provider this attempt's call (or lookup that
+	// found the message) went to; "" when none did, or the sender's one
+	// provider has no name. Every write of the result sets it on the row,
+	// a write that missed its claim too: the provider that answered, or
+	// may hold the message, is the row's, whatever a failover lost (the
+	// claim that named it, or a move to it).
+	Provider string
 }
 
 // Written describes a row a status write changed.
@@ -520,6 +535,7 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		ids     []uuid.UUID
 		lookups []bool
 		delays  []float64
+		provs   []string
 	)
 	for _, r := range results {
 		if !r.MaybeAccepted && !r.LookupPending {
@@ -533,6 +549,7 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		// claim that finds it there ends the row unknown rather than call.
 		lookups = append(lookups, r.LookupPending || r.MaybeAccepted)
 		delays = append(delays, r.RetryIn.Seconds())
+		provs = append(provs, r.Provider)
 	}
 	if len(ids) == 0 {
 		return nil
@@ -540,7 +557,7 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 	// Locked in id order, as every status write is.
 	_, err := tx.Exec(ctx, `
 WITH v AS (
-	SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[]) AS v(id, lookup, delay)
+	SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[], $4::text[]) AS v(id, lookup, delay, prov)
 ), locked AS (
 	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 )
@@ -550,9 +567,10 @@ SET maybe_accepted = true,
     next_attempt_at = CASE WHEN o.status IN ('pending', 'queued')
                            THEN greatest(o.next_attempt_at, clock_timestamp() + v.delay * interval '1 second')
                            ELSE o.next_attempt_at END,
+    provider = coalesce(nullif(v.prov, ''), o.provider),
     updated_at = clock_timestamp()
 FROM v JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, uuidArray(ids), lookups, delays)
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, uuidArray(ids), lookups, delays, provs)
 	if err != nil {
 		return fmt.Errorf("outbox: mark missed attempts: %w", err)
 	}
@@ -575,6 +593,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		lookups  = make([]bool, n)
 		failed   = make([]int32, n)
 		notacc   = make([]bool, n)
+		provs    = make([]string, n)
 	)
 	for i, r := range results {
 		switch r.Status {
@@ -589,7 +608,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 			reasons[i] = &reason
 		}
 		delays[i], parks[i], maybes[i], refunds[i] = r.RetryIn.Seconds(), r.Park, r.MaybeAccepted, r.Refund
-		lookups[i], notacc[i] = r.LookupPending, r.NotAccepted
+		lookups[i], notacc[i], provs[i] = r.LookupPending, r.NotAccepted, r.Provider
 		if r.LookupFailed {
 			failed[i] = 1
 		}
@@ -626,10 +645,11 @@ SET -- dead is a promise that nothing reached the provider: a row an attempt
     lookups = CASE WHEN o.status = 'sending' THEN o.lookups + v.failed ELSE o.lookups END,
     sent_at = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(o.sent_at, clock_timestamp())
                    ELSE o.sent_at END,
+    provider = coalesce(nullif(v.prov, ''), o.provider),
     updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[],
-            $10::bool[], $11::bool[], $12::int[], $13::bool[])
-         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund, lookup, failed, notacc)
+            $10::bool[], $11::bool[], $12::int[], $13::bool[], $14::text[])
+         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund, lookup, failed, notacc, prov)
      JOIN locked USING (id)
 WHERE o.id = v.id
   AND CASE -- The provider's own word (an answer, a lookup) is evidence: it is
@@ -640,7 +660,7 @@ WHERE o.id = v.id
            WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
-		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc)
+		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc, provs)
 	if err := collectWritten(rows, written); err != nil {
 		return fmt.Errorf("outbox: write results: %w", err)
 	}
@@ -667,10 +687,33 @@ func plainSends(results []Result) bool {
 func applySends(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
 	ids := make([][16]byte, len(results))
 	refs := make([]string, len(results))
+	var provs []string // nil when no result names a provider: the common case costs nothing more
 	for i, r := range results {
 		ids[i], refs[i] = r.ID, clean(r.ProviderRef)
+		if r.Provider != "" && provs == nil {
+			provs = make([]string, len(results))
+		}
 	}
-	rows, _ := tx.Query(ctx, `
+	if provs != nil {
+		for i, r := range results {
+			provs[i] = r.Provider
+		}
+	}
+	sql, args := applySendsSQL, []any{ids, refs}
+	if provs != nil {
+		sql, args = applySendsNamedSQL, append(args, provs)
+	}
+	rows, _ := tx.Query(ctx, sql, args...)
+	if err := collectWritten(rows, written); err != nil {
+		return fmt.Errorf("outbox: write sends: %w", err)
+	}
+	return nil
+}
+
+// applySendsSQL writes plain sends; applySendsNamedSQL also names each
+// row's provider (SMS_PROVIDERS): the provider that answered is the row's.
+const (
+	applySendsSQL = `
 WITH locked AS (
 	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 )
@@ -679,12 +722,19 @@ SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref),
     lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) JOIN locked USING (id)
 WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead')
-RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`, ids, refs)
-	if err := collectWritten(rows, written); err != nil {
-		return fmt.Errorf("outbox: write sends: %w", err)
-	}
-	return nil
-}
+RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
+	applySendsNamedSQL = `
+WITH locked AS (
+	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE sms_outbox o
+SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref), last_error = NULL, end_reason = NULL,
+    lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp(),
+    provider = coalesce(nullif(v.prov, ''), o.provider)
+FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, ref, prov) JOIN locked USING (id)
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead')
+RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
+)
 
 // collectWritten reads a status write's RETURNING (id, publish_gen,
 // attempt_count, end_reason) into written.

@@ -98,6 +98,23 @@ type Client struct {
 	// anything was processed that a later attempt may get past (Vonage's
 	// 402, a low balance): Retry, never Ambiguous.
 	refused []int
+	// unavailableTakesNothing: the API's contract says a 503 means the
+	// request was not processed (the generic API's, docs/design.md), so a
+	// message answered 503 may go to another provider.
+	unavailableTakesNothing bool
+}
+
+// NotTaken reports whether an attempt certainly left the message untaken
+// by the provider, so that another provider may be called: the request
+// never left (connection refused, DNS, TLS before it was written), the
+// provider answered a status it documents as a refusal before anything
+// was processed (refused), or, where the API's contract says so, a 503.
+func (c *Client) NotTaken(o Outcome) bool {
+	if o.Kind != Retry || o.MaybeAccepted {
+		return false
+	}
+	return o.HTTPStatus == 0 || slices.Contains(c.refused, o.HTTPStatus) ||
+		(o.HTTPStatus == http.StatusServiceUnavailable && c.unavailableTakesNothing)
 }
 
 // MaxResponseHeaderBytes bounds the headers of a provider's answer: a
@@ -159,6 +176,7 @@ func New(cfg Config) (*Client, error) {
 		c.auth = "Bearer " + cfg.APIKey
 	}
 	c.newRequest, c.refField = c.genericRequest, "id"
+	c.unavailableTakesNothing = true
 	if cfg.Lookup {
 		c.lookup = c.genericLookup
 	}

@@ -214,6 +214,27 @@ func (c Settings) Clients(maxConns int) ([]Named, error) {
 	return out, nil
 }
 
+// LookupClients is Clients with lookups on at every provider that offers
+// them (relay resolve): a provider that offers none (Vonage) is built
+// without, and cannot settle its rows.
+func (c Settings) LookupClients(maxConns int) ([]Named, error) {
+	names, err := c.Names()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Named, 0, len(names))
+	for _, n := range names {
+		cc := c
+		cc.Lookup = n != "vonage"
+		cl, err := cc.client(n, maxConns)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Named{Name: n, Client: cl})
+	}
+	return out, nil
+}
+
 // Client returns the client the settings describe (SMS_PROVIDER), with at
 // most maxConns connections.
 func (c Settings) Client(maxConns int) (*Client, error) {

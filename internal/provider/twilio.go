@@ -108,6 +108,9 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only a request that never left, or a documented refusal, is
+	// certainly not taken here.
+	c.unavailableTakesNothing = false
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json"
 	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.AccountSID+":"+cfg.AuthToken))
 	c.refField = "sid"

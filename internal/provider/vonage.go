@@ -107,6 +107,9 @@ func NewVonage(cfg VonageConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only a request that never left, or a documented refusal, is
+	// certainly not taken here.
+	c.unavailableTakesNothing = false
 	from := strings.TrimPrefix(cfg.From, "+")
 	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.APIKey+":"+cfg.APISecret))
 	c.refField = "message_uuid"

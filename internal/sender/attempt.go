@@ -103,6 +103,20 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		}
 	}
 	var lookup *outbox.Evidence
+	if (v.call || v.lookup) && s.failover() && f.uncertain() {
+		// With several providers, a row whose earlier attempt may be lost
+		// with its records (a sender that died mid-call, a redelivery whose
+		// claim the row does not show, a republication, a row older than
+		// the dedup window) may be held by any of them: what a failover
+		// lost may be the claim that named the provider, or a move to
+		// another. Every other provider is asked before this one is called
+		// or asked; one that cannot be asked leaves the row unknown.
+		var found *route
+		v, found, lookup = s.askElsewhere(leased, c, r, v, f, pol, deadline, &res)
+		if found != nil {
+			r, p = found, found.Provider
+		}
+	}
 	if v.lookup {
 		// Ask the provider what became of the earlier attempts. Every
 		// attempt carried the same reference, so one lookup covers them all.
@@ -153,7 +167,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	called, moved := v.call, false
 	if called {
 		out = s.call(leased, r, c)
-		if notTaken(out) && movable {
+		if notTaken(p, out) && movable {
 			// Certainly not taken: the next provider that takes calls gets
 			// the row, named in it first, if the lease leaves time and a
 			// token comes in time.
@@ -181,6 +195,12 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		notAccepted := v.notAccepted
 		v = decide(f, &out, pol)
 		v.notAccepted = notAccepted
+		if moved {
+			// The first provider was called (and did not take it): the
+			// attempt was spent, whatever the second answered (a 429
+			// would give it back).
+			v.refund = false
+		}
 	}
 	if v.pause && s.cfg.Flow != nil {
 		s.cfg.Flow.Pause(ctx, out.After)
@@ -202,7 +222,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	res.row = outbox.Result{
 		ID: c.ID, Status: v.status, Error: v.errText, Reason: v.reason, RetryIn: v.delay, Park: v.park,
 		Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund, LookupPending: v.lookupPending, Attempt: c.Attempt, Gen: c.Gen,
-		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: lookup,
+		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: lookup, Provider: resultProvider(r, called, lookup),
 	}
 	switch {
 	case called && v.status == outbox.StatusSent:
@@ -347,4 +367,63 @@ func (s *Sender) flowToken(ctx context.Context, deadline time.Time, r *route) bo
 	wctx, cancel := context.WithDeadline(ctx, deadline.Add(-r.Provider.Timeout()))
 	defer cancel()
 	return s.cfg.Flow.Wait(wctx) == nil
+}
+
+// resultProvider names the provider a result sets on its row: the one
+// called, or the one whose lookup answered; "" (the row's stays) for an
+// unnamed provider or an attempt that asked no one.
+func resultProvider(r *route, called bool, lookup *outbox.Evidence) string {
+	if called || lookup != nil {
+		return r.Name
+	}
+	return ""
+}
+
+// askElsewhere asks every provider but r whether it has c's message, for a
+// row whose provider is uncertain (facts.uncertain). It returns the
+// verdict to go on with (v unchanged when every one answered none), the
+// provider that has the message (nil if none), and the evidence of the
+// lookup that settled the row.
+func (s *Sender) askElsewhere(ctx context.Context, c outbox.Claim, r *route, v verdict, f facts, pol policy, deadline time.Time, res *result) (verdict, *route, *outbox.Evidence) {
+	if w := lookupWait(c, pol.settle); w > 0 {
+		// A request made just before the lease ran out may not show yet.
+		f.lookupWait = w
+		return deferLookup(f, pol), nil, nil
+	}
+	q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
+	for _, y := range s.routes {
+		if y == r {
+			continue
+		}
+		if !y.Provider.CanLookup() {
+			return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous, action: term, maybe: true, outcome: "ambiguous", letter: true,
+				errText: "an earlier attempt may be lost with its records, and provider " + y.Name + " of SMS_PROVIDERS, which may have the message, cannot be asked"}, nil, nil
+		}
+		// Each lookup takes a token of its own: the claim's is the call's.
+		if !s.flowToken(ctx, deadline, y) {
+			return decideNoTime(f, false, pol), nil, nil
+		}
+		started := time.Now()
+		lr := y.Provider.Lookup(ctx, q)
+		if lr.Err == nil && len(lr.Found) > 0 && y.Provider.LookupByContent() {
+			lr = s.attributeFound(ctx, c, y.Provider, q, lr)
+		}
+		result := lookupOf(lr)
+		s.metrics.lookups.WithLabelValues(result).Inc()
+		res.attempts = append(res.attempts, outbox.Attempt{
+			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: lr.Latency, Outcome: "lookup",
+			Error: lookupDetail(lr), Sender: s.cfg.Name, Provider: y.Name,
+		})
+		if result == "none" {
+			continue
+		}
+		lv := decideLookup(f, lr, pol)
+		ev := &outbox.Evidence{Kind: "lookup", Result: result, ProviderRef: lv.ref, Detail: lookupDetail(lr),
+			ReceivedAt: time.Now(), Source: "sender"}
+		if result == "failed" {
+			return lv, nil, ev
+		}
+		return lv, y, ev
+	}
+	return v, nil, nil
 }

@@ -85,6 +85,15 @@ type facts struct {
 // lookup rather than ended unknown.
 func (f facts) looksUp() bool { return f.canLookup && !f.idempotent }
 
+// uncertain reports whether the row's records may have lost an attempt
+// (not only its answer): a sender that died mid-call, a redelivery whose
+// previous claim the row does not show, a republication, a first
+// publication past the dedup window. With several providers, such a row
+// may be held by a provider it does not name.
+func (f facts) uncertain() bool {
+	return f.stale || f.republished || f.redelivered || f.beyondDedup
+}
+
 // doubtful reports whether an earlier attempt of the row may have reached
 // the provider, by what the row says or by what it may have lost.
 func (f facts) doubtful() bool {

@@ -2,7 +2,6 @@ package sender
 
 import (
 	"context"
-	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -115,11 +114,15 @@ func (s *Sender) repin(ctx context.Context, c outbox.Claim, from, to *route) boo
 
 // notTaken reports whether an attempt certainly left the message with the
 // provider untaken, so that another provider may be called: the request
-// never left (connection refused, DNS, TLS), or the provider answered 503
-// (it takes nothing while unavailable). A 429 is flow control: the row
-// waits for the same provider.
-func notTaken(o provider.Outcome) bool {
-	return o.Kind == provider.Retry && !o.MaybeAccepted && (o.HTTPStatus == 0 || o.HTTPStatus == http.StatusServiceUnavailable)
+// never left (connection refused, DNS, TLS), or an answer the provider's
+// contract says takes nothing (provider.Client.NotTaken: a 503 of the
+// generic API). A 429 is flow control: the row waits for the same
+// provider.
+func notTaken(p Provider, o provider.Outcome) bool {
+	if t, ok := p.(interface{ NotTaken(provider.Outcome) bool }); ok {
+		return t.NotTaken(o)
+	}
+	return o.Kind == provider.Retry && !o.MaybeAccepted && o.HTTPStatus == 0
 }
 
 // healthy reports what an attempt says of its provider's health, for its
