@@ -12,11 +12,11 @@ import (
 )
 
 var funcs = template.FuncMap{
-	"ts":   formatTime,
-	"age":  formatAge,
-	"num":  formatNum,
-	"ms":   formatMs,
-	"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"ts":      formatTime,
+	"age":     formatAge,
+	"num":     formatNum,
+	"ms":      formatMs,
+	"rate":    func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
 	"percent": func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + " %" },
 	"since": func(t, now time.Time) string {
 		return formatAge(now.Sub(t))
