@@ -112,7 +112,13 @@ func TestVonageDefaultBaseIsTheDocumentsServer(t *testing.T) {
 // (/v1/messages) off: any other path stays, and Prism answers it 404.
 func startPrism(t *testing.T, spec string) (base string, prefer func(string), exchanges func() []prismExchange) {
 	t.Helper()
-	serverPath := vonageServer(t).Path
+	return startPrismAt(t, spec, vonageServer(t).Path)
+}
+
+// startPrismAt is startPrism for a document whose server has the path
+// serverPath ("" when its paths are at the root).
+func startPrismAt(t *testing.T, spec, serverPath string) (base string, prefer func(string), exchanges func() []prismExchange) {
+	t.Helper()
 	prism := nodetools.Bin(t, "prism")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -180,7 +186,7 @@ func startPrism(t *testing.T, spec string) (base string, prefer func(string), ex
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		if r.URL.Path == serverPath {
+		if serverPath != "" && r.URL.Path == serverPath {
 			r.URL.Path = "/"
 		}
 		mu.Lock()
