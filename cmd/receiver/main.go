@@ -1,8 +1,9 @@
 // Command receiver takes delivery receipts from the SMS provider and records
 // them in the outbox: POST /v1/receipts/generic (signed with
 // Sendonce-Signature), POST /v1/receipts/twilio (signed with
-// X-Twilio-Signature) and POST /v1/receipts/vonage (a JWT signed with
-// Vonage's signature secret). A receipt moves its row forward only (to
+// X-Twilio-Signature), POST /v1/receipts/vonage (a JWT signed with
+// Vonage's signature secret) and POST /v1/receipts/sinch (an HMAC under
+// Sinch's callback secret). A receipt moves its row forward only (to
 // delivered or undelivered, or an unknown one to sent), and is answered 2xx
 // once that is committed. It needs Postgres only.
 //
@@ -40,6 +41,7 @@ type config struct {
 	previousSecret string
 	twilioToken    string
 	vonageSecret   string
+	sinchSecret    string
 	publicURL      string
 	allowInsecure  bool
 	tlsCert        string
@@ -54,6 +56,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Secret(&c.previousSecret, "sms-webhook-secret-previous", "SMS_WEBHOOK_SECRET_PREVIOUS", "the secret being rotated out, accepted as well until the provider signs with the new one")
 	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "Twilio auth token that signs status callbacks (X-Twilio-Signature); enables /v1/receipts/twilio")
 	s.Secret(&c.vonageSecret, "vonage-signature-secret", "VONAGE_SIGNATURE_SECRET", "Vonage signature secret that signs Messages API status webhooks (a JWT in Authorization: Bearer); enables /v1/receipts/vonage")
+	s.Secret(&c.sinchSecret, "sinch-callback-secret", "SINCH_CALLBACK_SECRET", "Sinch callback secret that signs SMS delivery reports (X-Sinch-Webhook-Signature, an HMAC-SHA256 with a nonce and a timestamp; Sinch sets it up for the service plan); enables /v1/receipts/sinch")
 	s.String(&c.publicURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "this receiver's base URL as the provider calls it (Twilio signs the full URL); required with TWILIO_AUTH_TOKEN")
 	s.URL(&c.publicURL, "receipts-public-url", "http", "https")
 	provider.BindReceiptsAllowInsecure(s, &c.allowInsecure)
@@ -67,8 +70,8 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", service.DefaultShutdownTimeout, time.Second, time.Hour, "bound on a graceful shutdown")
 	s.Check(func() error {
 		switch {
-		case c.secret == "" && c.twilioToken == "" && c.vonageSecret == "":
-			return errors.New("SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN, or VONAGE_SIGNATURE_SECRET) is required: nothing could verify a receipt")
+		case c.secret == "" && c.twilioToken == "" && c.vonageSecret == "" && c.sinchSecret == "":
+			return errors.New("SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN, VONAGE_SIGNATURE_SECRET or SINCH_CALLBACK_SECRET) is required: nothing could verify a receipt")
 		case c.secret != "" && len(c.secret) < 16:
 			return errors.New("SMS_WEBHOOK_SECRET must be at least 16 bytes")
 		case c.previousSecret != "" && c.secret == "":
@@ -122,7 +125,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 		}
 	}
 	rv, err := receiver.New(receiver.Config{
-		Pool: pool, Secrets: secrets, TwilioToken: c.twilioToken, VonageSecret: []byte(c.vonageSecret), PublicURL: c.publicURL,
+		Pool: pool, Secrets: secrets, TwilioToken: c.twilioToken, VonageSecret: []byte(c.vonageSecret), SinchSecret: []byte(c.sinchSecret), PublicURL: c.publicURL,
 		Window: c.window, DBTimeout: c.DBTimeout, Logger: root, Registerer: tel.Registry,
 	})
 	if err != nil {
@@ -143,7 +146,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 		scheme = "https"
 	}
-	log.Info("receiver started", "addr", ln.Addr().String(), "generic", len(secrets) > 0, "twilio", c.twilioToken != "", "vonage", c.vonageSecret != "",
+	log.Info("receiver started", "addr", ln.Addr().String(), "generic", len(secrets) > 0, "twilio", c.twilioToken != "", "vonage", c.vonageSecret != "", "sinch", c.sinchSecret != "",
 		"tls", c.tlsCert != "", "batch_window", c.window.String())
 	if _, err := fmt.Fprintf(stdout, "%s%s://%s\n", Announcement, scheme, ln.Addr()); err != nil {
 		ln.Close()

@@ -417,3 +417,9 @@ func TestPrismValidatesVonageRequests(t *testing.T) {
 		t.Errorf("the published document refused the request, but not for the lack of message: %+v", xs[0].violations)
 	}
 }
+
+// startPrismAt is startPrism, by the name the Sinch tests use.
+func startPrismAt(t *testing.T, spec, serverPath string) (base string, prefer func(string), exchanges func() []prismExchange) {
+	t.Helper()
+	return startPrism(t, spec, serverPath)
+}
