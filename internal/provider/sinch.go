@@ -132,6 +132,9 @@ func NewSinch(cfg SinchConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only a request that never left is certainly not taken here: Sinch
+	// documents no status as taking nothing.
+	c.unavailableTakesNothing = false
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/xms/v1/" + url.PathEscape(cfg.ServicePlanID) + "/batches"
 	c.auth = "Bearer " + cfg.APIToken
 	c.refField = "id"
