@@ -26,6 +26,8 @@ crash-build:
 # lookups and receipts, on a Postgres primary and standby that fail over;
 # SOAK_ARGS="-provider twilio" the same at the stub's Twilio facade, whose
 # lookups page through each number's messages.
+# SOAK_ARGS="-provider failover" two providers (SMS_PROVIDERS=generic,twilio),
+# the faults on the first: no message may go out through both.
 soak: build crash-build
 	./$(BIN)/soak -bin $(CRASH_BIN) $(SOAK_ARGS)
 

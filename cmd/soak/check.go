@@ -121,7 +121,7 @@ func (s *soak) waitReceipts(ctx context.Context, timeout time.Duration) error {
 		// by number and text cannot tell which message is the row's).
 		err := s.pool.QueryRow(qctx, `SELECT count(*), count(*) FILTER (WHERE provider_ref IS NOT NULL OR NOT $2)
 			FROM sms_outbox WHERE status = 'sent' AND NOT (id = ANY($1))`,
-			lostWithPrimary, s.cfg.provider == providerTwilio).Scan(&sent, &settleable)
+			lostWithPrimary, s.twilio()).Scan(&sent, &settleable)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("count sent rows: %w", err)
@@ -243,7 +243,7 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 
-	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{}, lookups: s.lookups(), twilio: s.cfg.provider == providerTwilio,
+	res := &result{faults: s.faults.summary(), stats: stats, deadReasons: map[string]int{}, lookups: s.lookups(), twilio: s.twilio(),
 		unexpected: s.unexpected.Load(), unterm: s.termUnclean.Load(), cpMissed: s.cpMissed.Load()}
 	ids := s.load.committedIDs()
 	res.rows = len(ids)
@@ -295,6 +295,13 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		}
 		s.logf("evidence: %d lookups (%d failed), %d receipts answered 2xx (%d tries failed, %d given up); recorded: %s",
 			stats.Lookups, stats.LookupFailures, stats.ReceiptsSent, stats.ReceiptFailures, stats.ReceiptsGivenUp, ev)
+	}
+	if s.cfg.provider == providerFailover {
+		line, err := s.providerShares(cctx)
+		if err != nil {
+			return nil, err
+		}
+		s.logf("providers: %s", line)
 	}
 	if res.twilio {
 		least, most, numbers := perNumber(deliveries)
@@ -394,7 +401,7 @@ func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, 
 		case d.Deliveries == 0:
 			b.why = row.status + " but never delivered"
 			r.lost = append(r.lost, b)
-		case row.status == "sent" && d.Fate != "" && sweep && (provider != providerTwilio || row.ref != ""):
+		case row.status == "sent" && d.Fate != "" && sweep && ((provider != providerTwilio && provider != providerFailover) || row.ref != ""):
 			// Whatever became of its receipt (never sent, given up,
 			// lost with an old primary), the senders' sweep asks the
 			// provider once it is overdue.
@@ -436,7 +443,7 @@ func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, 
 			case providerNonIdempotent:
 				b.why = "unknown, though no fault drawn can make an outcome unknown: " + row.lastErr
 				r.unknownForbidden = append(r.unknownForbidden, b)
-			case providerLookup, providerTwilio:
+			case providerLookup, providerTwilio, providerFailover:
 				b.why = "unknown, though lookups settle every unanswered attempt: " + row.lastErr
 				r.unknownForbidden = append(r.unknownForbidden, b)
 			}
@@ -566,4 +573,29 @@ func (s *soak) diagnose(ctx context.Context, res *result) {
 		_ = os.WriteFile(path, out, 0o644)
 		s.logf("relay trace %s (err %v; saved in %s):\n%s", b.id, err, path, out)
 	}
+}
+
+// providerShares says how the rows split between the providers of
+// SMS_PROVIDERS, and how many moved from one to the next.
+func (s *soak) providerShares(ctx context.Context) (string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT coalesce(provider, 'none'), count(*) FROM sms_outbox GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		return "", fmt.Errorf("count rows by provider: %w", err)
+	}
+	var parts []string
+	for rows.Next() {
+		var p string
+		var n int64
+		if err := rows.Scan(&p, &n); err != nil {
+			rows.Close()
+			return "", err
+		}
+		parts = append(parts, fmt.Sprintf("%s %d", p, n))
+	}
+	rows.Close()
+	var moved int64
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM sms_attempts WHERE outcome = 'retry' AND error LIKE 'not taken, moved to %'`).Scan(&moved); err != nil {
+		return "", fmt.Errorf("count moves: %w", err)
+	}
+	return fmt.Sprintf("rows by provider: %s; %d moved to the next provider", strings.Join(parts, ", "), moved), nil
 }

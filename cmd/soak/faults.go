@@ -58,7 +58,7 @@ func kindsFor(provider string) []string {
 	switch provider {
 	case providerIdempotent:
 		return faultKinds
-	case providerLookup, providerTwilio:
+	case providerLookup, providerTwilio, providerFailover:
 		// Lookups settle what a lost answer leaves open.
 		return append(faultKinds[:len(faultKinds):len(faultKinds)], lookupFaultKinds...)
 	}

@@ -140,6 +140,14 @@ const (
 	// kind is drawn, pg_failover included, and the verdict is
 	// providerLookup's.
 	providerTwilio = "twilio"
+	// providerFailover: two providers in the senders' SMS_PROVIDERS, the
+	// generic API first (through the proxy the faults act on) and the
+	// stub's Twilio facade second (reached directly), both without
+	// idempotency, looked up and sending receipts. A primary refusing
+	// connections moves new messages to the second; a lost answer keeps a
+	// message where it went. One stub serves both, so a message sent
+	// through both counts two deliveries. The verdict is providerLookup's.
+	providerFailover = "failover"
 )
 
 // twilioFrom is the senders' TWILIO_FROM with -provider twilio.
@@ -188,10 +196,11 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.holdOnFailure, "hold-on-failure", "SOAK_HOLD_ON_FAILURE", false,
 		"on a duplicate or a loss, keep NATS, the stub and the processes running (print how to reach them) until SIGINT or -hold-max")
 	s.Duration(&c.holdMax, "hold-max", "SOAK_HOLD_MAX", time.Hour, time.Second, 24*time.Hour, "longest hold with -hold-on-failure")
-	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent, providerLookup, providerTwilio},
+	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent, providerLookup, providerTwilio, providerFailover},
 		"idempotent: the stub honours keys, every fault kind; non-idempotent: the stub ignores keys, only faults that cannot make an outcome unknown, and any unknown row fails the soak; "+
 			"lookup: the stub ignores keys and sends signed receipts to a receiver, the senders look up (SMS_API_LOOKUP=true), every fault kind and Postgres failovers (a primary and a standby of the soak's own), and each row must end as the stub decided, delivered once, none unknown; "+
-			"twilio: as lookup, at the stub's Twilio facade through the senders' Twilio adapter, with the rows sent to a pool of numbers (ten per 2,500 rows) whose lists of messages span pages")
+			"twilio: as lookup, at the stub's Twilio facade through the senders' Twilio adapter, with the rows sent to a pool of numbers (ten per 2,500 rows) whose lists of messages span pages; "+
+			"failover: as lookup, with SMS_PROVIDERS=generic,twilio (the faults act on the first), and no message sent through both")
 	s.Bool(&c.cluster, "cluster", "SOAK_CLUSTER", false,
 		"run NATS as a 3-node JetStream cluster of nats-server processes (NATS_REPLICAS=3, sync_interval always), with leader kills, node restarts and a node's store loss among the faults")
 	s.String(&c.natsServer, "nats-server", "SOAK_NATS_SERVER", "", "nats-server binary for -cluster (default: nats-server in -bin, else beside the soak binary, where make build puts it)")

@@ -139,7 +139,7 @@ func startStub(ctx context.Context, binDir, logDir, apiKey, provider, twilioSID 
 	if provider != providerIdempotent {
 		args = append(args, "-ignore-keys")
 	}
-	if provider == providerLookup || provider == providerTwilio {
+	if provider == providerLookup || provider == providerTwilio || provider == providerFailover {
 		args = append(args, "-undelivered-suffixes", undeliveredSuffix, "-receipt-delay", "200ms", "-receipt-jitter", "1s",
 			"-receipt-duplicate-rate", "0.05", "-receipt-reorder-rate", "0.05")
 		env = append(env, "SMS_WEBHOOK_SECRET="+receiptSecret)

@@ -102,7 +102,13 @@ func (s *soak) slots() []*slot {
 // that the senders look up and that sends receipts (-provider lookup or
 // twilio).
 func (s *soak) lookups() bool {
-	return s.cfg.provider == providerLookup || s.cfg.provider == providerTwilio
+	return s.cfg.provider == providerLookup || s.cfg.provider == providerTwilio || s.cfg.provider == providerFailover
+}
+
+// twilio reports whether the senders speak to the stub's Twilio facade
+// (-provider twilio, or failover's second provider).
+func (s *soak) twilio() bool {
+	return s.cfg.provider == providerTwilio || s.cfg.provider == providerFailover
 }
 
 // sweepsReceipts reports whether the senders look up the rows whose receipt
@@ -185,7 +191,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 
 	// One secret a run: the stub's API key, or its Twilio auth token.
 	s.apiKey = "soak-" + uuid.NewString()
-	if s.cfg.provider == providerTwilio {
+	if s.twilio() {
 		s.twilioSID = "AC" + strings.ReplaceAll(uuid.NewString(), "-", "")
 	}
 	if s.stub, err = startStub(ctx, s.cfg.binDir, s.logDir, s.apiKey, s.cfg.provider, s.twilioSID); err != nil {
@@ -206,10 +212,16 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	}
 	relayEnv := append(common[:len(common):len(common)], "RECONCILE_INTERVAL=2s", "RECONCILE_GRACE=40s")
 	providerEnv := append(common[:len(common):len(common)], "SMS_API_BASE="+s.apiProxy.url(), "SMS_API_ALLOW_INSECURE=true")
-	if s.cfg.provider == providerTwilio {
+	switch s.cfg.provider {
+	case providerTwilio:
 		providerEnv = append(providerEnv, "SMS_PROVIDER=twilio", "TWILIO_ACCOUNT_SID="+s.twilioSID,
 			"TWILIO_AUTH_TOKEN="+s.apiKey, "TWILIO_FROM="+twilioFrom)
-	} else {
+	case providerFailover:
+		// The faults act on the first (through the proxy); the second is
+		// the same stub's Twilio facade, reached directly.
+		providerEnv = append(providerEnv, "SMS_PROVIDERS=generic,twilio", "SMS_API_KEY="+s.apiKey,
+			"TWILIO_API_BASE="+s.stub.url, "TWILIO_ACCOUNT_SID="+s.twilioSID, "TWILIO_AUTH_TOKEN="+s.apiKey, "TWILIO_FROM="+twilioFrom)
+	default:
 		providerEnv = append(providerEnv, "SMS_API_KEY="+s.apiKey)
 	}
 	senderEnv := append(providerEnv[:len(providerEnv):len(providerEnv)],
@@ -233,10 +245,11 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 			"DATABASE_URL=" + s.proxiedURL, "LOG_FORMAT=json", "HTTP_ADDR=127.0.0.1:0", "SHUTDOWN_TIMEOUT=10s",
 			fmt.Sprintf("RECEIPTS_ADDR=127.0.0.1:%d", port),
 		}
-		if s.cfg.provider == providerTwilio {
+		if s.twilio() {
 			// Twilio signs the URL it calls: the receiver must know it.
 			receiverEnv = append(receiverEnv, "TWILIO_AUTH_TOKEN="+s.apiKey, "RECEIPTS_PUBLIC_URL="+receiverURL, "RECEIPTS_ALLOW_INSECURE=true")
-		} else {
+		}
+		if s.cfg.provider != providerTwilio {
 			receiverEnv = append(receiverEnv, "SMS_WEBHOOK_SECRET="+receiptSecret)
 		}
 		s.receivers = append(s.receivers, s.newSlot("receiver-1", "receiver", receiverEnv))
@@ -249,7 +262,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 			senderEnv = append(senderEnv, "SMS_API_LOOKUP_SETTLE=1s", "SENDER_RECEIPT_OVERDUE=1m", "SENDER_RECEIPT_OVERDUE_RATE=50")
 		}
 		s.logf("receiver %s; senders look up an unanswered attempt; the stub sends receipts (numbers ending %s undelivered)", receiverURL, undeliveredSuffix)
-		if s.cfg.provider == providerTwilio {
+		if s.twilio() {
 			s.logf("twilio: the rows go to %d numbers, at most %d to one (%d pages of 100 in a lookup; the adapter reads up to %d)",
 				numberPool(s.cfg.rows), rowsPerNumber, (rowsPerNumber+99)/100, provider.DefaultTwilioLookupPages)
 		}
@@ -286,7 +299,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 
 	// The load and, alongside it, the faults.
 	s.load = newLoader(s.pool, s.cfg.rows, s.cfg.writers, s.cfg.loadDuration, s.logf)
-	if s.cfg.provider == providerTwilio {
+	if s.twilio() {
 		s.load.numbers = numberPool(s.cfg.rows)
 	}
 	loadErr := make(chan error, 1)
