@@ -3,6 +3,7 @@ package provider_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -112,7 +113,14 @@ func TestVonageDefaultBaseIsTheDocumentsServer(t *testing.T) {
 // (/v1/messages) off: any other path stays, and Prism answers it 404.
 func startPrism(t *testing.T, spec string) (base string, prefer func(string), exchanges func() []prismExchange) {
 	t.Helper()
-	serverPath := vonageServer(t).Path
+	return startPrismAt(t, spec, vonageServer(t).Path)
+}
+
+// startPrismAt is startPrism for a document whose server's path is
+// serverPath: the proxy takes it off the front of each path (Telnyx's
+// /v2/messages is the document's /messages).
+func startPrismAt(t *testing.T, spec, serverPath string) (base string, prefer func(string), exchanges func() []prismExchange) {
+	t.Helper()
 	prism := nodetools.Bin(t, "prism")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -180,8 +188,8 @@ func startPrism(t *testing.T, spec string) (base string, prefer func(string), ex
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		if r.URL.Path == serverPath {
-			r.URL.Path = "/"
+		if rest, ok := strings.CutPrefix(r.URL.Path, serverPath); ok && (rest == "" || strings.HasPrefix(rest, "/")) {
+			r.URL.Path = cmp.Or(rest, "/")
 		}
 		mu.Lock()
 		if pref != "" {
