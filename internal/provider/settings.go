@@ -28,7 +28,7 @@ const DefaultLookupRetention = 24 * time.Hour
 // sender, and relay resolve), bound to flags and environment variables by
 // BindSettings.
 type Settings struct {
-	Kind string // generic, twilio or vonage
+	Kind string // generic, twilio, vonage or telnyx
 	// Providers is SMS_PROVIDERS: an ordered failover list of kinds, or
 	// empty for Kind alone.
 	Providers      string
@@ -44,6 +44,10 @@ type Settings struct {
 	VonageKey      string
 	VonageSecret   string
 	VonageFrom     string
+	TelnyxBaseURL  string
+	TelnyxKey      string
+	TelnyxFrom     string
+	TelnyxProfile  string
 	Timeout        time.Duration
 	Idempotent     bool
 	PermanentCodes string
@@ -73,12 +77,14 @@ func ReceiptsURLCheck(url string, allowInsecure bool) error {
 
 // BindSettings binds the provider settings to s.
 func BindSettings(s *envflag.Set, c *Settings) {
-	s.Enum(&c.Kind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio", "vonage"}, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md), twilio or vonage (the Messages API); twilio and vonage are never idempotent (docs/providers.md)")
+	s.Enum(&c.Kind, "sms-provider", "SMS_PROVIDER", "generic", Kinds, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md), twilio, vonage (the Messages API) or telnyx (Messaging, API v2); twilio, vonage and telnyx are never idempotent (docs/providers.md)")
 	s.String(&c.Providers, "sms-providers", "SMS_PROVIDERS", "", "an ordered list of providers to fail over between, instead of SMS_PROVIDER (e.g. twilio,vonage): a message goes to the first whose circuit is closed and moves to the next only when its provider certainly did not take it (the request never left, a 503, or the circuit open), never after an answer was lost (docs/providers.md)")
-	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com; vonage: default https://api.nexmo.com (with SMS_PROVIDERS, TWILIO_API_BASE and VONAGE_API_BASE instead)")
+	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com; vonage: default https://api.nexmo.com; telnyx: default https://api.telnyx.com (with SMS_PROVIDERS, TWILIO_API_BASE, VONAGE_API_BASE and TELNYX_API_BASE instead)")
 	s.String(&c.VonageBaseURL, "vonage-api-base", "VONAGE_API_BASE", "", "vonage: API base URL, default https://api.nexmo.com (or SMS_API_BASE when vonage is the only provider)")
 	s.URL(&c.VonageBaseURL, "vonage-api-base", "http", "https")
 	s.URL(&c.BaseURL, "sms-api-base", "http", "https")
+	s.String(&c.TelnyxBaseURL, "telnyx-api-base", "TELNYX_API_BASE", "", "telnyx: API base URL, default https://api.telnyx.com (or SMS_API_BASE when telnyx is the only provider)")
+	s.URL(&c.TelnyxBaseURL, "telnyx-api-base", "http", "https")
 	s.String(&c.TwilioBaseURL, "twilio-api-base", "TWILIO_API_BASE", "", "twilio: API base URL, default https://api.twilio.com (or SMS_API_BASE when twilio is the only provider)")
 	s.URL(&c.TwilioBaseURL, "twilio-api-base", "http", "https")
 	s.Bool(&c.AllowInsecure, "sms-api-allow-insecure", "SMS_API_ALLOW_INSECURE", false, "allow an http:// SMS_API_BASE (development and tests only: the key and the messages would cross the network in clear)")
@@ -90,20 +96,23 @@ func BindSettings(s *envflag.Set, c *Settings) {
 	s.String(&c.VonageKey, "vonage-api-key", "VONAGE_API_KEY", "", "vonage: API key (basic-auth user)")
 	s.Secret(&c.VonageSecret, "vonage-api-secret", "VONAGE_API_SECRET", "vonage: API secret (basic-auth password)")
 	s.String(&c.VonageFrom, "vonage-from", "VONAGE_FROM", "", "vonage: sending number (E.164, the '+' optional) or alphanumeric sender id")
+	s.Secret(&c.TelnyxKey, "telnyx-api-key", "TELNYX_API_KEY", "telnyx: API v2 key, sent as a Bearer token")
+	s.String(&c.TelnyxFrom, "telnyx-from", "TELNYX_FROM", "", "telnyx: sending number (+E.164), alphanumeric sender id or short code; TELNYX_MESSAGING_PROFILE_ID instead or as well")
+	s.String(&c.TelnyxProfile, "telnyx-messaging-profile-id", "TELNYX_MESSAGING_PROFILE_ID", "", "telnyx: messaging profile to send with (a number pool; Telnyx requires one with an alphanumeric sender id)")
 	s.Duration(&c.Timeout, "sms-api-timeout", "SMS_API_TIMEOUT", 10*time.Second, 10*time.Millisecond, 10*time.Minute, "bound on one provider attempt")
 	s.Bool(&c.Idempotent, "sms-api-idempotent", "SMS_API_IDEMPOTENT", true, "the provider honours Idempotency-Key; false: an attempt whose answer was lost is looked up (SMS_API_LOOKUP) or ends unknown, never retried blindly")
 	s.String(&c.PermanentCodes, "sms-permanent-codes", "SMS_PERMANENT_CODES", "", "comma-separated provider error codes to treat as permanent, besides 21211,21214,21614,21610,21612")
-	s.Bool(&c.Lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "the provider can be asked which messages it has for a row (generic: GET BASE/v1/messages?reference=; twilio: every page of the number's messages, those created since the row with the same text; vonage: none, refused): an attempt without an answer at a provider without idempotency is settled by a lookup instead of ending unknown")
+	s.Bool(&c.Lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "the provider can be asked which messages it has for a row (generic: GET BASE/v1/messages?reference=; twilio: every page of the number's messages, those created since the row with the same text; vonage and telnyx: none, refused): an attempt without an answer at a provider without idempotency is settled by a lookup instead of ending unknown")
 	s.Duration(&c.LookupSettle, "sms-api-lookup-settle", "SMS_API_LOOKUP_SETTLE", DefaultLookupSettle, 0, time.Hour, "wait after an attempt without an answer before the lookup; assumes a request the provider accepted shows in its lookup within this time")
 	s.Duration(&c.LookupRetention, "sms-api-lookup-retention", "SMS_API_LOOKUP_RETENTION", DefaultLookupRetention, time.Minute, 10*366*24*time.Hour, "how long the provider keeps a message it accepted visible to lookups; a lookup that finds nothing for a row whose first attempt is older proves nothing, and the row is left unknown rather than settled dead. Set it no longer than the provider's documented retention")
-	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID; vonage: webhook_url BASE/v1/receipts/vonage)")
+	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID; vonage: webhook_url BASE/v1/receipts/vonage; telnyx: webhook_url BASE/v1/receipts/telnyx?ref=ID)")
 	s.URL(&c.ReceiptsURL, "receipts-public-url", "http", "https")
 	BindReceiptsAllowInsecure(s, &c.ReceiptsAllowInsecure)
 	s.Check(c.check)
 }
 
 // Kinds are the provider kinds SMS_PROVIDER and SMS_PROVIDERS name.
-var Kinds = []string{"generic", "twilio", "vonage"}
+var Kinds = []string{"generic", "twilio", "vonage", "telnyx"}
 
 // Names returns the providers in order: SMS_PROVIDERS, or SMS_PROVIDER
 // alone.
@@ -168,6 +177,14 @@ func (c *Settings) check() error {
 		return fmt.Errorf("-vonage-from / VONAGE_FROM is required with %s", with("vonage"))
 	case has("vonage") && c.Lookup:
 		return fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Vonage offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("vonage"))
+	case has("telnyx") && c.TelnyxKey == "":
+		return fmt.Errorf("TELNYX_API_KEY is required with %s", with("telnyx"))
+	case has("telnyx") && c.TelnyxFrom == "" && c.TelnyxProfile == "":
+		return fmt.Errorf("-telnyx-from / TELNYX_FROM (or TELNYX_MESSAGING_PROFILE_ID) is required with %s", with("telnyx"))
+	case has("telnyx") && c.Lookup:
+		return fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Telnyx offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("telnyx"))
+	case strings.HasPrefix(strings.ToLower(c.TelnyxBaseURL), "http://") && !c.AllowInsecure:
+		return errors.New("-telnyx-api-base / TELNYX_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 	case strings.HasPrefix(strings.ToLower(c.VonageBaseURL), "http://") && !c.AllowInsecure:
 		return errors.New("-vonage-api-base / VONAGE_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 	case strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure:
@@ -239,6 +256,18 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 		if errors.Is(err, ErrVonageNoLookup) {
 			return nil, fmt.Errorf("SMS_PROVIDER=vonage: %w", err)
 		}
+	case "telnyx":
+		base := c.TelnyxBaseURL
+		if base == "" && !c.Failover() {
+			base = c.BaseURL
+		}
+		cl, err = NewTelnyx(TelnyxConfig{
+			BaseURL: base, APIKey: c.TelnyxKey, From: c.TelnyxFrom, MessagingProfileID: c.TelnyxProfile,
+			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
+		})
+		if errors.Is(err, ErrTelnyxNoLookup) {
+			return nil, fmt.Errorf("SMS_PROVIDER=telnyx: %w", err)
+		}
 	case "twilio":
 		base := c.TwilioBaseURL
 		if base == "" && !c.Failover() {
@@ -261,6 +290,8 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			return nil, fmt.Errorf("TWILIO_API_BASE / SMS_API_BASE: %w", err)
 		case "vonage":
 			return nil, fmt.Errorf("VONAGE_API_BASE / SMS_API_BASE: %w", err)
+		case "telnyx":
+			return nil, fmt.Errorf("TELNYX_API_BASE / SMS_API_BASE: %w", err)
 		}
 		return nil, fmt.Errorf("SMS_API_BASE: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/provider"
 )
 
@@ -252,5 +253,121 @@ func TestNewTelnyxValidates(t *testing.T) {
 	}
 	if _, err := provider.NewTelnyx(provider.TelnyxConfig{APIKey: "k", From: "A", Lookup: true}); !errors.Is(err, provider.ErrTelnyxNoLookup) {
 		t.Errorf("lookup refused with %v, want ErrTelnyxNoLookup", err)
+	}
+}
+
+// telnyxSettings parses env as the sender's provider settings.
+func telnyxSettings(env map[string]string) (provider.Settings, error) {
+	var c provider.Settings
+	var stderr strings.Builder
+	s := envflag.New("test", func(k string) string { return env[k] }, &stderr)
+	provider.BindSettings(s, &c)
+	return c, s.Parse(nil)
+}
+
+// SMS_PROVIDER=telnyx: its settings are required, the key is secret, and
+// SMS_API_LOOKUP=true stops the start naming the setting.
+func TestTelnyxSettings(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{"SMS_PROVIDER": "telnyx", "TELNYX_API_KEY": "KEYs3cret", "TELNYX_FROM": "+15550001111"}
+	tests := []struct {
+		name string
+		edit map[string]string
+		want string
+	}{
+		{"valid", nil, ""},
+		{"profile instead of from", map[string]string{"TELNYX_FROM": "", "TELNYX_MESSAGING_PROFILE_ID": "p1"}, ""},
+		{"no key", map[string]string{"TELNYX_API_KEY": ""}, "TELNYX_API_KEY"},
+		{"no sender", map[string]string{"TELNYX_FROM": ""}, "TELNYX_FROM"},
+		{"lookup", map[string]string{"SMS_API_LOOKUP": "true"}, "SMS_API_LOOKUP"},
+		{"http base", map[string]string{"TELNYX_API_BASE": "http://127.0.0.1:9"}, "TELNYX_API_BASE"},
+		{"http base allowed", map[string]string{"TELNYX_API_BASE": "http://127.0.0.1:9", "SMS_API_ALLOW_INSECURE": "true"}, ""},
+		{"in the failover list without a key", map[string]string{"SMS_PROVIDER": "", "SMS_PROVIDERS": "generic,telnyx", "SMS_API_BASE": "https://sms.example.com", "TELNYX_API_KEY": ""}, "TELNYX_API_KEY is required with telnyx in SMS_PROVIDERS"},
+	}
+	for _, tt := range tests {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for k, v := range tt.edit {
+			env[k] = v
+		}
+		c, err := telnyxSettings(env)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%s: %v", tt.name, err)
+			continue
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%s: error = %v, want one naming %s", tt.name, err, tt.want)
+			continue
+		case tt.want != "":
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("%s: error %q holds the key", tt.name, err)
+			}
+			continue
+		}
+		cl, err := c.Client(4)
+		if err != nil {
+			t.Fatalf("%s: Client: %v", tt.name, err)
+		}
+		if cl.Idempotent() || cl.CanLookup() || c.LooksUp() {
+			t.Errorf("%s: a Telnyx client that is idempotent or looks up", tt.name)
+		}
+		// relay resolve asks for lookups after the settings were read.
+		c.Lookup = true
+		if _, err := c.Client(4); err == nil || !strings.Contains(err.Error(), "telnyx") {
+			t.Errorf("%s: a Telnyx client with lookups: %v, want a refusal", tt.name, err)
+		}
+	}
+}
+
+// The settings reach the requests: SMS_API_BASE when telnyx is the only
+// provider, TELNYX_API_BASE in a failover list (where SMS_API_BASE is the
+// generic provider's), and the key, sender, profile and receipts URL.
+func TestTelnyxSettingsReachTheRequest(t *testing.T) {
+	t.Parallel()
+	telnyx, requests := startTelnyx(t, reply(200, telnyxSent))
+	generic, genericRequests := startTelnyx(t, reply(200, `{"id":"g1"}`))
+	common := map[string]string{"TELNYX_API_KEY": "KEY0123456789", "TELNYX_FROM": "Acme", "TELNYX_MESSAGING_PROFILE_ID": "p1",
+		"SMS_API_ALLOW_INSECURE": "true", "RECEIPTS_PUBLIC_URL": "https://receipts.example.com"}
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"alone", map[string]string{"SMS_PROVIDER": "telnyx", "SMS_API_BASE": telnyx}},
+		{"failover", map[string]string{"SMS_PROVIDERS": "generic,telnyx", "SMS_API_BASE": generic, "TELNYX_API_BASE": telnyx}},
+	} {
+		env := map[string]string{}
+		for k, v := range common {
+			env[k] = v
+		}
+		for k, v := range tt.env {
+			env[k] = v
+		}
+		c, err := telnyxSettings(env)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		cls, err := c.Clients(4)
+		if err != nil {
+			t.Fatalf("%s: Clients: %v", tt.name, err)
+		}
+		last := cls[len(cls)-1]
+		if last.Name != "telnyx" {
+			t.Fatalf("%s: providers %+v, want telnyx last", tt.name, cls)
+		}
+		if o := send(t, last.Client); o.Kind != provider.Sent || o.Ref != "40385f64-5717-4562-b3fc-2c963f66afa6" {
+			t.Errorf("%s: outcome %+v", tt.name, o)
+		}
+	}
+	reqs := requests()
+	if len(reqs) != 2 || len(genericRequests()) != 0 {
+		t.Fatalf("telnyx got %d requests, generic %d; want 2 and 0", len(reqs), len(genericRequests()))
+	}
+	for _, r := range reqs {
+		want := `{"to":"+15551234567","from":"Acme","messaging_profile_id":"p1","text":"Your code is 482901","webhook_url":"https://receipts.example.com/v1/receipts/telnyx?ref=0b9c6a52-7f0e-4d5c-9a43-2b1f8f1e6a10","use_profile_webhooks":false}`
+		if r.path != "/v2/messages" || r.auth != "Bearer KEY0123456789" || string(r.raw) != want {
+			t.Errorf("request %s %s %s, want POST /v2/messages with the key and %s", r.path, r.auth, r.raw, want)
+		}
 	}
 }
