@@ -2,8 +2,9 @@
 // them in the outbox: POST /v1/receipts/generic (signed with
 // Sendonce-Signature), POST /v1/receipts/twilio (signed with
 // X-Twilio-Signature), POST /v1/receipts/vonage (a JWT signed with
-// Vonage's signature secret) and POST /v1/receipts/sinch (an HMAC under
-// Sinch's callback secret). A receipt moves its row forward only (to
+// Vonage's signature secret), POST /v1/receipts/sinch (an HMAC under
+// Sinch's callback secret) and POST /v1/receipts/telnyx (Ed25519, under the
+// key pair whose public key Telnyx gives the account). A receipt moves its row forward only (to
 // delivered or undelivered, or an unknown one to sent), and is answered 2xx
 // once that is committed. It needs Postgres only.
 //
@@ -42,6 +43,7 @@ type config struct {
 	twilioToken    string
 	vonageSecret   string
 	sinchSecret    string
+	telnyxKey      string
 	publicURL      string
 	allowInsecure  bool
 	tlsCert        string
@@ -57,6 +59,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "Twilio auth token that signs status callbacks (X-Twilio-Signature); enables /v1/receipts/twilio")
 	s.Secret(&c.vonageSecret, "vonage-signature-secret", "VONAGE_SIGNATURE_SECRET", "Vonage signature secret that signs Messages API status webhooks (a JWT in Authorization: Bearer); enables /v1/receipts/vonage")
 	s.Secret(&c.sinchSecret, "sinch-callback-secret", "SINCH_CALLBACK_SECRET", "Sinch callback secret that signs SMS delivery reports (X-Sinch-Webhook-Signature, an HMAC-SHA256 with a nonce and a timestamp; Sinch sets it up for the service plan); enables /v1/receipts/sinch")
+	s.String(&c.telnyxKey, "telnyx-public-key", "TELNYX_PUBLIC_KEY", "", "Telnyx public key (base64, from Telnyx's portal) that verifies the Ed25519 signatures of Messaging webhooks; enables /v1/receipts/telnyx")
 	s.String(&c.publicURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "this receiver's base URL as the provider calls it (Twilio signs the full URL); required with TWILIO_AUTH_TOKEN")
 	s.URL(&c.publicURL, "receipts-public-url", "http", "https")
 	provider.BindReceiptsAllowInsecure(s, &c.allowInsecure)
@@ -70,8 +73,8 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", service.DefaultShutdownTimeout, time.Second, time.Hour, "bound on a graceful shutdown")
 	s.Check(func() error {
 		switch {
-		case c.secret == "" && c.twilioToken == "" && c.vonageSecret == "" && c.sinchSecret == "":
-			return errors.New("SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN, VONAGE_SIGNATURE_SECRET or SINCH_CALLBACK_SECRET) is required: nothing could verify a receipt")
+		case c.secret == "" && c.twilioToken == "" && c.vonageSecret == "" && c.sinchSecret == "" && c.telnyxKey == "":
+			return errors.New("SMS_WEBHOOK_SECRET (or TWILIO_AUTH_TOKEN, VONAGE_SIGNATURE_SECRET, SINCH_CALLBACK_SECRET or TELNYX_PUBLIC_KEY) is required: nothing could verify a receipt")
 		case c.secret != "" && len(c.secret) < 16:
 			return errors.New("SMS_WEBHOOK_SECRET must be at least 16 bytes")
 		case c.previousSecret != "" && c.secret == "":
@@ -80,11 +83,18 @@ func bind(s *envflag.Set, c *config) {
 			return errors.New("SMS_WEBHOOK_SECRET_PREVIOUS must be at least 16 bytes")
 		case c.twilioToken != "" && c.publicURL == "":
 			return errors.New("-receipts-public-url / RECEIPTS_PUBLIC_URL is required with TWILIO_AUTH_TOKEN: Twilio signs the URL it calls")
+		case c.telnyxKey != "" && !validTelnyxKey(c.telnyxKey):
+			return errors.New("-telnyx-public-key / TELNYX_PUBLIC_KEY must be the 32-byte Ed25519 public key in base64, as Telnyx's portal gives it")
 		case (c.tlsCert == "") != (c.tlsKey == ""):
 			return errors.New("RECEIPTS_TLS_CERT and RECEIPTS_TLS_KEY go together")
 		}
 		return provider.ReceiptsURLCheck(c.publicURL, c.allowInsecure)
 	})
+}
+
+func validTelnyxKey(s string) bool {
+	_, err := receiver.ParseTelnyxPublicKey(s)
+	return err == nil
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -124,9 +134,15 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 			secrets = append(secrets, []byte(sec))
 		}
 	}
+	var telnyxKey []byte
+	if c.telnyxKey != "" {
+		if telnyxKey, err = receiver.ParseTelnyxPublicKey(c.telnyxKey); err != nil {
+			return fmt.Errorf("TELNYX_PUBLIC_KEY: %w", err)
+		}
+	}
 	rv, err := receiver.New(receiver.Config{
-		Pool: pool, Secrets: secrets, TwilioToken: c.twilioToken, VonageSecret: []byte(c.vonageSecret), SinchSecret: []byte(c.sinchSecret), PublicURL: c.publicURL,
-		Window: c.window, DBTimeout: c.DBTimeout, Logger: root, Registerer: tel.Registry,
+		Pool: pool, Secrets: secrets, TwilioToken: c.twilioToken, VonageSecret: []byte(c.vonageSecret), SinchSecret: []byte(c.sinchSecret),
+		TelnyxPublicKey: telnyxKey, PublicURL: c.publicURL, Window: c.window, DBTimeout: c.DBTimeout, Logger: root, Registerer: tel.Registry,
 	})
 	if err != nil {
 		return err
@@ -146,7 +162,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 		scheme = "https"
 	}
-	log.Info("receiver started", "addr", ln.Addr().String(), "generic", len(secrets) > 0, "twilio", c.twilioToken != "", "vonage", c.vonageSecret != "", "sinch", c.sinchSecret != "",
+	log.Info("receiver started", "addr", ln.Addr().String(), "generic", len(secrets) > 0, "twilio", c.twilioToken != "", "vonage", c.vonageSecret != "", "sinch", c.sinchSecret != "", "telnyx", c.telnyxKey != "",
 		"tls", c.tlsCert != "", "batch_window", c.window.String())
 	if _, err := fmt.Fprintf(stdout, "%s%s://%s\n", Announcement, scheme, ln.Addr()); err != nil {
 		ln.Close()

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +44,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"twilio url over http", map[string]string{"TWILIO_AUTH_TOKEN": "tok", "RECEIPTS_PUBLIC_URL": "HTTP://receipts.example"}, "RECEIPTS_PUBLIC_URL"},
 		{"cert without key", map[string]string{"RECEIPTS_TLS_CERT": "/x.pem"}, "RECEIPTS_TLS_KEY"},
 		{"window out of range", map[string]string{"RECEIPTS_BATCH_WINDOW": "1h"}, "RECEIPTS_BATCH_WINDOW"},
+		{"telnyx key not base64", map[string]string{"TELNYX_PUBLIC_KEY": "not a key"}, "TELNYX_PUBLIC_KEY"},
+		{"telnyx key too short", map[string]string{"SMS_WEBHOOK_SECRET": "", "TELNYX_PUBLIC_KEY": "AAAA"}, "TELNYX_PUBLIC_KEY"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -123,5 +128,68 @@ func TestRunRecordsReceipts(t *testing.T) {
 		if strings.Contains(errOut.String(), leak) {
 			t.Errorf("the logs hold %q", leak)
 		}
+	}
+}
+
+// The binary with a Telnyx public key alone serves /v1/receipts/telnyx:
+// a webhook signed with the account's private key moves its row, one
+// signed with another key is refused.
+func TestRunTakesTelnyxWebhooks(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewMigrated(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	id := uuid.New()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO sms_outbox (id, to_e164, body, status) VALUES ($1, '+15551230000', 'b', 'sent')`, id); err != nil {
+		t.Fatal(err)
+	}
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	_, other, _ := ed25519.GenerateKey(nil)
+	env := map[string]string{
+		"DATABASE_URL": pgtest.AsRole(t, dsn, "sendonce_receiver"), "TELNYX_PUBLIC_KEY": base64.StdEncoding.EncodeToString(pub),
+		"RECEIPTS_ADDR": "127.0.0.1:0", "HTTP_ADDR": "127.0.0.1:0",
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut testkit.Buffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"receiver"}, testkit.EnvMap(env), &out, &errOut) }()
+	var base string
+	testkit.WaitFor(t, 30*time.Second, "the receiver to listen", func() bool {
+		line, ok := strings.CutPrefix(strings.TrimSpace(out.String()), Announcement)
+		base = line
+		return ok
+	})
+	body, _ := json.Marshal(map[string]any{"data": map[string]any{"event_type": "message.finalized", "payload": map[string]any{
+		"id": "40385f64-5717-4562-b3fc-2c963f66afa6", "direction": "outbound", "to": []map[string]string{{"status": "delivered"}},
+		"webhook_url": "https://receipts.example.com/v1/receipts/telnyx?ref=" + id.String()}}})
+	post := func(key ed25519.PrivateKey) int {
+		ts := strconv.FormatInt(time.Now().Unix(), 10)
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/receipts/telnyx", bytes.NewReader(body))
+		req.Header.Set(receiver.HeaderTelnyxTimestamp, ts)
+		req.Header.Set(receiver.HeaderTelnyxSignature, base64.StdEncoding.EncodeToString(ed25519.Sign(key, append([]byte(ts+"|"), body...))))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post(other); code != http.StatusUnauthorized {
+		t.Errorf("webhook signed with another key: %d, want 401", code)
+	}
+	if code := post(priv); code != http.StatusOK {
+		t.Fatalf("signed webhook: %d, want 200", code)
+	}
+	var status string
+	if err := pool.QueryRow(context.Background(), `SELECT status FROM sms_outbox WHERE id = $1`, id).Scan(&status); err != nil || status != "delivered" {
+		t.Fatalf("row is %q (%v) once the webhook was answered, want delivered", status, err)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 }

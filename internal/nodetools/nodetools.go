@@ -1,10 +1,10 @@
 // Package nodetools gives tests the Node programs of tools/node (Stoplight
-// Prism, Vonage's JWT package, Twilio's SDK, Sinch's SDK), installed from
-// its package-lock.json with npm ci into tools/node/node_modules (ignored
-// by git). .ci/run installs them before the tests; a test that finds them
-// missing installs them itself, one package at a time (a lock file).
-// Without node and npm a test is skipped, except in CI (CI set), where it
-// fails.
+// Prism, Vonage's JWT package, Twilio's, Sinch's and Telnyx's SDKs),
+// installed from its package-lock.json with npm ci into
+// tools/node/node_modules (ignored by git). .ci/run installs them before
+// the tests; a test that finds them missing installs them itself, one
+// package at a time (a lock file). Without node and npm a test is skipped,
+// except in CI (CI set), where it fails.
 package nodetools
 
 import (
@@ -66,7 +66,7 @@ func Bin(t testing.TB, name string) string {
 }
 
 func installed(dir string) bool {
-	for _, p := range []string{".bin/prism", "@vonage/jwt/package.json", "jsonwebtoken/package.json", "twilio/package.json", "@sinch/sdk-core/package.json"} {
+	for _, p := range []string{".bin/prism", "@vonage/jwt/package.json", "jsonwebtoken/package.json", "twilio/package.json", "@sinch/sdk-core/package.json", "telnyx/package.json"} {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", p)); err != nil {
 			return false
 		}

@@ -27,7 +27,8 @@ type Receipt struct {
 	Code int
 	// At is when the provider says it happened; zero when it does not say.
 	At time.Time
-	// Source names the receipt's kind: "generic", "twilio", "vonage" or "sinch".
+	// Source names the receipt's kind: "generic", "twilio", "vonage",
+	// "sinch" or "telnyx".
 	Source string
 }
 

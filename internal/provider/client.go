@@ -87,6 +87,10 @@ type Client struct {
 	newRequest func(ctx context.Context, m Message) (*http.Request, error)
 	// refField names the message id in a success response.
 	refField string
+	// refOf, when set, reads the message id of a success response instead
+	// of refField (an id nested deeper than the top level: Telnyx's
+	// data.id); "" when there is none.
+	refOf func(data []byte) string
 	// lookup asks the provider which messages it has for q.
 	lookup func(ctx context.Context, q LookupQuery) ([]Found, error)
 	// byContent: lookup finds messages by number and text (Twilio).
@@ -321,12 +325,14 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 	}
 	oversize := len(data) > MaxResponseBytes
 	if status >= 200 && status < 300 {
-		var ok map[string]json.RawMessage
-		var ref string
 		// The provider accepted: that is the fact that matters, even when
 		// its answer cannot be read. A retry would replay the same answer.
 		o := Outcome{Kind: Sent, HTTPStatus: status}
-		if oversize || json.Unmarshal(data, &ok) != nil || json.Unmarshal(ok[c.refField], &ref) != nil || !plainRef(ref) {
+		ref := ""
+		if !oversize {
+			ref = c.readRef(data)
+		}
+		if !plainRef(ref) {
 			o.Reason = "accepted, but the response carries no readable message id"
 			return o
 		}
@@ -392,6 +398,20 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 		o.Kind = Permanent
 	}
 	return o
+}
+
+// readRef reads the message id of a success answer: refOf's, or the
+// top-level refField's; "" when there is none.
+func (c *Client) readRef(data []byte) string {
+	if c.refOf != nil {
+		return c.refOf(data)
+	}
+	var ok map[string]json.RawMessage
+	var ref string
+	if json.Unmarshal(data, &ok) != nil || json.Unmarshal(ok[c.refField], &ref) != nil {
+		return ""
+	}
+	return ref
 }
 
 // describe names a transport error without echoing URLs' query strings or

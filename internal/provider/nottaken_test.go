@@ -27,6 +27,10 @@ func TestNotTakenIsWhatTheProviderDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	telnyx, err := provider.NewTelnyx(provider.TelnyxConfig{APIKey: "k", From: "+15550001111"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	neverLeft := provider.Outcome{Kind: provider.Retry, Reason: "request not sent: connection refused"}
 	unavailable := provider.Outcome{Kind: provider.Retry, HTTPStatus: 503}
 	lowBalance := provider.Outcome{Kind: provider.Retry, HTTPStatus: 402}
@@ -48,6 +52,8 @@ func TestNotTakenIsWhatTheProviderDocuments(t *testing.T) {
 		{"vonage, 503", vonage, unavailable, false},
 		{"sinch, 503", sinch, unavailable, false},
 		{"sinch, never left", sinch, neverLeft, true},
+		{"telnyx, 503", telnyx, unavailable, false},
+		{"telnyx, never left", telnyx, neverLeft, true},
 	} {
 		if got := tt.c.NotTaken(tt.o); got != tt.want {
 			t.Errorf("%s: NotTaken = %v, want %v", tt.name, got, tt.want)

@@ -28,7 +28,7 @@ const DefaultLookupRetention = 24 * time.Hour
 // sender, and relay resolve), bound to flags and environment variables by
 // BindSettings.
 type Settings struct {
-	Kind string // generic, twilio, vonage or sinch
+	Kind string // generic, twilio, vonage, sinch or telnyx
 	// Providers is SMS_PROVIDERS: an ordered failover list of kinds, or
 	// empty for Kind alone.
 	Providers      string
@@ -48,6 +48,10 @@ type Settings struct {
 	SinchPlanID    string
 	SinchToken     string
 	SinchFrom      string
+	TelnyxBaseURL  string
+	TelnyxKey      string
+	TelnyxFrom     string
+	TelnyxProfile  string
 	Timeout        time.Duration
 	Idempotent     bool
 	PermanentCodes string
@@ -77,14 +81,16 @@ func ReceiptsURLCheck(url string, allowInsecure bool) error {
 
 // BindSettings binds the provider settings to s.
 func BindSettings(s *envflag.Set, c *Settings) {
-	s.Enum(&c.Kind, "sms-provider", "SMS_PROVIDER", "generic", []string{"generic", "twilio", "vonage", "sinch"}, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md), twilio, vonage (the Messages API) or sinch (the SMS REST API); twilio, vonage and sinch are never idempotent (docs/providers.md)")
+	s.Enum(&c.Kind, "sms-provider", "SMS_PROVIDER", "generic", Kinds, "provider API shape: generic (JSON with Idempotency-Key, see docs/design.md), twilio, vonage (the Messages API), sinch (the SMS REST API) or telnyx (Messaging, API v2); all but generic are never idempotent (docs/providers.md)")
 	s.String(&c.Providers, "sms-providers", "SMS_PROVIDERS", "", "an ordered list of providers to fail over between, instead of SMS_PROVIDER (e.g. twilio,vonage): a message goes to the first whose circuit is closed and moves to the next only when its provider certainly did not take it (the request never left, a 503, or the circuit open), never after an answer was lost (docs/providers.md)")
-	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com; vonage: default https://api.nexmo.com; sinch: default https://us.sms.api.sinch.com (with SMS_PROVIDERS, TWILIO_API_BASE, VONAGE_API_BASE and SINCH_API_BASE instead)")
+	s.String(&c.BaseURL, "sms-api-base", "SMS_API_BASE", "", "provider base URL; generic: messages are POSTed to BASE/v1/messages (required); twilio: default https://api.twilio.com; vonage: default https://api.nexmo.com; sinch: default https://us.sms.api.sinch.com; telnyx: default https://api.telnyx.com (with SMS_PROVIDERS, TWILIO_API_BASE, VONAGE_API_BASE, SINCH_API_BASE and TELNYX_API_BASE instead)")
 	s.String(&c.VonageBaseURL, "vonage-api-base", "VONAGE_API_BASE", "", "vonage: API base URL, default https://api.nexmo.com (or SMS_API_BASE when vonage is the only provider)")
 	s.URL(&c.VonageBaseURL, "vonage-api-base", "http", "https")
 	s.String(&c.SinchBaseURL, "sinch-api-base", "SINCH_API_BASE", "", "sinch: the API's regional base URL, default https://us.sms.api.sinch.com (e.g. https://eu.sms.api.sinch.com; or SMS_API_BASE when sinch is the only provider)")
 	s.URL(&c.SinchBaseURL, "sinch-api-base", "http", "https")
 	s.URL(&c.BaseURL, "sms-api-base", "http", "https")
+	s.String(&c.TelnyxBaseURL, "telnyx-api-base", "TELNYX_API_BASE", "", "telnyx: API base URL, default https://api.telnyx.com (or SMS_API_BASE when telnyx is the only provider)")
+	s.URL(&c.TelnyxBaseURL, "telnyx-api-base", "http", "https")
 	s.String(&c.TwilioBaseURL, "twilio-api-base", "TWILIO_API_BASE", "", "twilio: API base URL, default https://api.twilio.com (or SMS_API_BASE when twilio is the only provider)")
 	s.URL(&c.TwilioBaseURL, "twilio-api-base", "http", "https")
 	s.Bool(&c.AllowInsecure, "sms-api-allow-insecure", "SMS_API_ALLOW_INSECURE", false, "allow an http:// SMS_API_BASE (development and tests only: the key and the messages would cross the network in clear)")
@@ -99,20 +105,23 @@ func BindSettings(s *envflag.Set, c *Settings) {
 	s.String(&c.SinchPlanID, "sinch-service-plan-id", "SINCH_SERVICE_PLAN_ID", "", "sinch: service plan id (in the API's path)")
 	s.Secret(&c.SinchToken, "sinch-api-token", "SINCH_API_TOKEN", "sinch: the service plan's API token (sent as a Bearer token)")
 	s.String(&c.SinchFrom, "sinch-from", "SINCH_FROM", "", "sinch: sender (E.164 number, short code or alphanumeric sender id); the lookup lists the batches from it")
+	s.Secret(&c.TelnyxKey, "telnyx-api-key", "TELNYX_API_KEY", "telnyx: API v2 key, sent as a Bearer token")
+	s.String(&c.TelnyxFrom, "telnyx-from", "TELNYX_FROM", "", "telnyx: sending number (+E.164), alphanumeric sender id or short code; TELNYX_MESSAGING_PROFILE_ID instead or as well")
+	s.String(&c.TelnyxProfile, "telnyx-messaging-profile-id", "TELNYX_MESSAGING_PROFILE_ID", "", "telnyx: messaging profile to send with (a number pool; Telnyx requires one with an alphanumeric sender id)")
 	s.Duration(&c.Timeout, "sms-api-timeout", "SMS_API_TIMEOUT", 10*time.Second, 10*time.Millisecond, 10*time.Minute, "bound on one provider attempt")
 	s.Bool(&c.Idempotent, "sms-api-idempotent", "SMS_API_IDEMPOTENT", true, "the provider honours Idempotency-Key; false: an attempt whose answer was lost is looked up (SMS_API_LOOKUP) or ends unknown, never retried blindly")
 	s.String(&c.PermanentCodes, "sms-permanent-codes", "SMS_PERMANENT_CODES", "", "comma-separated provider error codes to treat as permanent, besides 21211,21214,21614,21610,21612")
-	s.Bool(&c.Lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "the provider can be asked which messages it has for a row (generic: GET BASE/v1/messages?reference=; twilio: every page of the number's messages, those created since the row with the same text; vonage: none, refused; sinch: every page of SINCH_FROM's batches since the row, by client_reference): an attempt without an answer at a provider without idempotency is settled by a lookup instead of ending unknown")
+	s.Bool(&c.Lookup, "sms-api-lookup", "SMS_API_LOOKUP", false, "the provider can be asked which messages it has for a row (generic: GET BASE/v1/messages?reference=; twilio: every page of the number's messages, those created since the row with the same text; vonage and telnyx: none, refused; sinch: every page of SINCH_FROM's batches since the row, by client_reference): an attempt without an answer at a provider without idempotency is settled by a lookup instead of ending unknown")
 	s.Duration(&c.LookupSettle, "sms-api-lookup-settle", "SMS_API_LOOKUP_SETTLE", DefaultLookupSettle, 0, time.Hour, "wait after an attempt without an answer before the lookup; assumes a request the provider accepted shows in its lookup within this time")
 	s.Duration(&c.LookupRetention, "sms-api-lookup-retention", "SMS_API_LOOKUP_RETENTION", DefaultLookupRetention, time.Minute, 10*366*24*time.Hour, "how long the provider keeps a message it accepted visible to lookups; a lookup that finds nothing for a row whose first attempt is older proves nothing, and the row is left unknown rather than settled dead. Set it no longer than the provider's documented retention")
-	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID; vonage: webhook_url BASE/v1/receipts/vonage; sinch: callback_url BASE/v1/receipts/sinch, a report per recipient)")
+	s.String(&c.ReceiptsURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "the receiver's base URL as the provider sees it: requests then ask for delivery receipts there (generic: callback_url BASE/v1/receipts/generic; twilio: StatusCallback BASE/v1/receipts/twilio?ref=ID; vonage: webhook_url BASE/v1/receipts/vonage; sinch: callback_url BASE/v1/receipts/sinch, a report per recipient; telnyx: webhook_url BASE/v1/receipts/telnyx?ref=ID)")
 	s.URL(&c.ReceiptsURL, "receipts-public-url", "http", "https")
 	BindReceiptsAllowInsecure(s, &c.ReceiptsAllowInsecure)
 	s.Check(c.check)
 }
 
 // Kinds are the provider kinds SMS_PROVIDER and SMS_PROVIDERS name.
-var Kinds = []string{"generic", "twilio", "vonage", "sinch"}
+var Kinds = []string{"generic", "twilio", "vonage", "sinch", "telnyx"}
 
 // Names returns the providers in order: SMS_PROVIDERS, or SMS_PROVIDER
 // alone.
@@ -187,6 +196,14 @@ func (c *Settings) check() error {
 		return fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) cannot exceed 14 days with %s and SMS_API_LOOKUP=true: Sinch lists the batches of the last 14 days only", c.LookupRetention, with("sinch"))
 	case strings.HasPrefix(strings.ToLower(c.SinchBaseURL), "http://") && !c.AllowInsecure:
 		return errors.New("-sinch-api-base / SINCH_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
+	case has("telnyx") && c.TelnyxKey == "":
+		return fmt.Errorf("TELNYX_API_KEY is required with %s", with("telnyx"))
+	case has("telnyx") && c.TelnyxFrom == "" && c.TelnyxProfile == "":
+		return fmt.Errorf("-telnyx-from / TELNYX_FROM (or TELNYX_MESSAGING_PROFILE_ID) is required with %s", with("telnyx"))
+	case has("telnyx") && c.Lookup:
+		return fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Telnyx offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("telnyx"))
+	case strings.HasPrefix(strings.ToLower(c.TelnyxBaseURL), "http://") && !c.AllowInsecure:
+		return errors.New("-telnyx-api-base / TELNYX_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 	case strings.HasPrefix(strings.ToLower(c.VonageBaseURL), "http://") && !c.AllowInsecure:
 		return errors.New("-vonage-api-base / VONAGE_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
 	case strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure:
@@ -234,7 +251,7 @@ func (c Settings) Clients(maxConns int) ([]Named, error) {
 }
 
 // LookupClients is Clients with lookups on at every provider that offers
-// them (relay resolve): a provider that offers none (Vonage) is built
+// them (relay resolve): a provider that offers none (Vonage, Telnyx) is built
 // without, and cannot settle its rows.
 func (c Settings) LookupClients(maxConns int) ([]Named, error) {
 	names, err := c.Names()
@@ -244,7 +261,7 @@ func (c Settings) LookupClients(maxConns int) ([]Named, error) {
 	out := make([]Named, 0, len(names))
 	for _, n := range names {
 		cc := c
-		cc.Lookup = n != "vonage"
+		cc.Lookup = n != "vonage" && n != "telnyx"
 		cl, err := cc.client(n, maxConns)
 		if err != nil {
 			return nil, err
@@ -288,6 +305,18 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			BaseURL: base, ServicePlanID: c.SinchPlanID, APIToken: c.SinchToken, From: c.SinchFrom,
 			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
+	case "telnyx":
+		base := c.TelnyxBaseURL
+		if base == "" && !c.Failover() {
+			base = c.BaseURL
+		}
+		cl, err = NewTelnyx(TelnyxConfig{
+			BaseURL: base, APIKey: c.TelnyxKey, From: c.TelnyxFrom, MessagingProfileID: c.TelnyxProfile,
+			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
+		})
+		if errors.Is(err, ErrTelnyxNoLookup) {
+			return nil, fmt.Errorf("SMS_PROVIDER=telnyx: %w", err)
+		}
 	case "twilio":
 		base := c.TwilioBaseURL
 		if base == "" && !c.Failover() {
@@ -312,6 +341,8 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			return nil, fmt.Errorf("VONAGE_API_BASE / SMS_API_BASE: %w", err)
 		case "sinch":
 			return nil, fmt.Errorf("SINCH_API_BASE / SMS_API_BASE: %w", err)
+		case "telnyx":
+			return nil, fmt.Errorf("TELNYX_API_BASE / SMS_API_BASE: %w", err)
 		}
 		return nil, fmt.Errorf("SMS_API_BASE: %w", err)
 	}

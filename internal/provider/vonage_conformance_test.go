@@ -3,6 +3,7 @@ package provider_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -112,9 +113,9 @@ func TestVonageDefaultBaseIsTheDocumentsServer(t *testing.T) {
 // makes up when the document defines none: problemViolations) and, when
 // prefer is set, asks Prism for that answer (its Prefer header:
 // "code=429"). Prism serves the document's paths without its server's
-// path, so the proxy takes serverPath (Vonage's /v1/messages) off a
-// request for exactly that path: any other path stays, and Prism answers
-// it 404 unless the document has it.
+// path, so the proxy takes serverPath (Vonage's /v1/messages, Telnyx's
+// /v2) off the front of a request's path: any other path stays, and
+// Prism answers it 404 unless the document has it.
 func startPrism(t *testing.T, spec, serverPath string) (base string, prefer func(string), exchanges func() []prismExchange) {
 	t.Helper()
 	prism := nodetools.Bin(t, "prism")
@@ -195,8 +196,8 @@ func startPrism(t *testing.T, spec, serverPath string) (base string, prefer func
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		ctx := context.WithValue(context.WithValue(r.Context(), bodyKey{}, body), uriKey{}, r.URL.RequestURI())
-		if serverPath != "" && r.URL.Path == serverPath {
-			r.URL.Path = "/"
+		if rest, ok := strings.CutPrefix(r.URL.Path, serverPath); serverPath != "" && ok && (rest == "" || strings.HasPrefix(rest, "/")) {
+			r.URL.Path = cmp.Or(rest, "/")
 		}
 		mu.Lock()
 		if pref != "" {

@@ -25,7 +25,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		receipts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_receipts_total",
-			Help: "Receipts received, by source (generic, twilio, vonage, sinch) and result: applied (moved the row), settled_unknown (moved an unknown row), unchanged (repeated or older news), unknown_reference, contradicted (a receipt for a row recorded dead, which now follows the receipt), ignored (a status with nothing to learn), forged, stale, malformed, oversize, error (not written; answered 503).",
+			Help: "Receipts received, by source (generic, twilio, vonage, sinch, telnyx) and result: applied (moved the row), settled_unknown (moved an unknown row), unchanged (repeated or older news), unknown_reference, contradicted (a receipt for a row recorded dead, which now follows the receipt), ignored (a status with nothing to learn), forged, stale, malformed, oversize, error (not written; answered 503).",
 		}, []string{"source", "result"}),
 		commits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_receipt_commits_total",
@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
-	for _, s := range []string{"generic", "twilio", "vonage", "sinch"} {
+	for _, s := range []string{"generic", "twilio", "vonage", "sinch", "telnyx"} {
 		for _, r := range results {
 			m.receipts.WithLabelValues(s, r)
 		}

@@ -6,10 +6,12 @@
 // Four endpoints: POST /v1/receipts/generic (JSON, signed with
 // Sendonce-Signature under a shared secret), POST /v1/receipts/twilio
 // (Twilio's form-encoded status callback, signed with X-Twilio-Signature
-// under the account's auth token) and POST /v1/receipts/vonage (Vonage's
+// under the account's auth token), POST /v1/receipts/vonage (Vonage's
 // Messages API status webhook, signed with a JWT under its signature
-// secret) and POST /v1/receipts/sinch (Sinch's SMS delivery report per
-// recipient, signed with an HMAC under its callback secret). A receipt is answered 2xx only once its effect is committed;
+// secret), POST /v1/receipts/sinch (Sinch's SMS delivery report per
+// recipient, signed with an HMAC under its callback secret) and POST
+// /v1/receipts/telnyx (Telnyx's Messaging webhook, signed with Ed25519 under
+// the account's key pair). A receipt is answered 2xx only once its effect is committed;
 // receipts arriving together share one transaction (a batching window of a
 // few milliseconds), so a storm of receipts does not mean a commit each.
 package receiver
@@ -17,6 +19,7 @@ package receiver
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -64,6 +67,10 @@ type Config struct {
 	// SinchSecret verifies Sinch's signed SMS callbacks (the callback
 	// secret); empty disables /v1/receipts/sinch.
 	SinchSecret []byte
+	// TelnyxPublicKey verifies Telnyx's signed Messaging webhooks (the
+	// account's public key, ParseTelnyxPublicKey); empty disables
+	// /v1/receipts/telnyx.
+	TelnyxPublicKey ed25519.PublicKey
 	// PublicURL is the receiver's base URL as the provider calls it: a
 	// Twilio signature covers the full URL. Required with TwilioToken.
 	PublicURL string
@@ -129,8 +136,10 @@ func New(cfg Config) (*Receiver, error) {
 	switch {
 	case cfg.Pool == nil:
 		return nil, errors.New("receiver: Config.Pool is required")
-	case len(cfg.Secrets) == 0 && cfg.TwilioToken == "" && len(cfg.VonageSecret) == 0 && len(cfg.SinchSecret) == 0:
-		return nil, errors.New("receiver: a generic secret, a Twilio auth token, a Vonage signature secret or a Sinch callback secret is required")
+	case len(cfg.Secrets) == 0 && cfg.TwilioToken == "" && len(cfg.VonageSecret) == 0 && len(cfg.SinchSecret) == 0 && len(cfg.TelnyxPublicKey) == 0:
+		return nil, errors.New("receiver: a generic secret, a Twilio auth token, a Vonage signature secret, a Sinch callback secret or a Telnyx public key is required")
+	case len(cfg.TelnyxPublicKey) != 0 && len(cfg.TelnyxPublicKey) != ed25519.PublicKeySize:
+		return nil, fmt.Errorf("receiver: a Telnyx public key is %d bytes", ed25519.PublicKeySize)
 	case cfg.TwilioToken != "" && cfg.PublicURL == "":
 		return nil, errors.New("receiver: PublicURL is required with a Twilio auth token (the signature covers the URL)")
 	case cfg.MaxBatch < 1 || cfg.Writers < 1 || cfg.Window < 0:
@@ -165,6 +174,9 @@ func (rv *Receiver) Handler() http.Handler {
 	}
 	if len(rv.cfg.SinchSecret) > 0 {
 		mux.HandleFunc("/v1/receipts/sinch", rv.sinch)
+	}
+	if len(rv.cfg.TelnyxPublicKey) > 0 {
+		mux.HandleFunc("/v1/receipts/telnyx", rv.telnyx)
 	}
 	return mux
 }
