@@ -221,6 +221,9 @@ type bareSender struct {
 	apiKey  string
 	batch   int
 	sent    atomic.Int64
+	// callback, when set, is the bare receiver's URL: each message asks
+	// the stub for its receipts there.
+	callback string
 }
 
 func newBareHTTPClient(conns int) *http.Client {
@@ -307,8 +310,10 @@ func (s *bareSender) handle(ctx context.Context, msgs []jetstream.Msg) error {
 	if postErr != nil {
 		return postErr
 	}
+	// A receipt may have settled a row already (the stub posts it as soon
+	// as it accepted): sent never overwrites it.
 	if _, err := s.pool.Exec(ctx, `UPDATE `+bareTable+` o SET status = 'sent', provider_ref = v.ref, updated_at = now()
-		FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) WHERE o.id = v.id`, ids, refs); err != nil {
+		FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) WHERE o.id = v.id AND o.status = 'sending'`, ids, refs); err != nil {
 		return fmt.Errorf("mark sent: %w", err)
 	}
 	for _, m := range msgs {
@@ -323,7 +328,11 @@ func (s *bareSender) handle(ctx context.Context, msgs []jetstream.Msg) error {
 // post sends one message to the stub with its id as Idempotency-Key and
 // returns the provider's id.
 func (s *bareSender) post(ctx context.Context, m bareMessage) (string, error) {
-	body, _ := json.Marshal(map[string]string{"to": m.Phone, "body": m.Body})
+	fields := map[string]string{"to": m.Phone, "body": m.Body}
+	if s.callback != "" {
+		fields["reference"], fields["callback_url"] = m.ID.String(), s.callback
+	}
+	body, _ := json.Marshal(fields)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(s.stubURL, "/")+"/v1/messages", bytes.NewReader(body))
 	if err != nil {
 		return "", err
@@ -350,4 +359,28 @@ func (s *bareSender) post(ctx context.Context, m bareMessage) (string, error) {
 		return "", fmt.Errorf("provider answer without an id (%d bytes)", len(raw))
 	}
 	return out.ID, nil
+}
+
+// bareReceiver is the bare pipeline's receiver: each receipt the stub posts
+// that settles a message (delivered, undelivered) is one UPDATE of its row
+// by id, committed on its own, and answered 204 once it is. No signature
+// check, no evidence, no forward-only guard: the floor of taking a receipt.
+func bareReceiver(pool *pgxpool.Pool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var rc struct {
+			Reference string `json:"reference"`
+			Status    string `json:"status"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&rc); err != nil {
+			http.Error(w, "bad receipt", http.StatusBadRequest)
+			return
+		}
+		if rc.Status == "delivered" || rc.Status == "undelivered" {
+			if _, err := pool.Exec(r.Context(), `UPDATE `+bareTable+` SET status = $2, updated_at = now() WHERE id = $1`, rc.Reference, rc.Status); err != nil {
+				http.Error(w, "not written", http.StatusServiceUnavailable)
+				return
+			}
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 }

@@ -14,8 +14,10 @@
 //	          relay: rows/s and their ratio
 //	pipeline  a backlog drained from pending to sent by 1 relay, 2 senders
 //	          and the stub without latency; the same with receipts (to
-//	          delivered, through a receiver); and by the bare pipeline:
-//	          msg/s and the ratios
+//	          delivered, through a receiver); and by the bare pipeline,
+//	          without and with receipts (one UPDATE by id a receipt):
+//	          msg/s and the ratios, and Postgres's CPU, WAL bytes and
+//	          commits per message against the bare pipeline's
 //	latency   committed single-row inserts at a fixed rate (outbox.Enqueue,
 //	          8 writers): commit->queued and commit->sent p50/p95/p99
 //	scaleout  a queued backlog sent by 1 sender, then by 4, against the stub
@@ -28,7 +30,8 @@
 // a stream of their own (BARE): the floor of the work, with no leases,
 // fences, attempts log, receipts or metrics. The relay and pipeline sides
 // run -runs times, interleaved (bare relay, relay, bare pipeline, pipeline,
-// pipeline with receipts); each figure is the median of its runs, and the
+// bare pipeline with receipts, pipeline with receipts); each figure is the
+// median of its runs, and the
 // targets are the product's medians over the baselines'. Every side also
 // reports Postgres's CPU, commits and WAL per message.
 //
@@ -147,7 +150,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.quick, "quick", "BENCH_QUICK", false, "a small version of every scenario (for CI): sizes and durations divided by about 10 unless set explicitly")
 	s.Bool(&c.strict, "strict", "BENCH_STRICT", false, "exit 1 when a figure misses its target")
 	s.Bool(&c.keepLogs, "keep-logs", "BENCH_KEEP_LOGS", false, "keep the processes' log directory")
-	s.Int(&c.runs, "runs", "BENCH_RUNS", 3, 1, 99, "relay and pipeline: interleaved runs of every side (bare relay, relay, bare pipeline, pipeline, pipeline with receipts); each figure is the median of its runs")
+	s.Int(&c.runs, "runs", "BENCH_RUNS", 3, 1, 99, "relay and pipeline: interleaved runs of every side (bare relay, relay, bare pipeline, pipeline, bare pipeline with receipts, pipeline with receipts); each figure is the median of its runs")
 	s.Int(&c.relayRows, "rows", "BENCH_ROWS", 50_000, 1, 10_000_000, "relay: pending rows to drain")
 	s.Int(&c.relays, "relays", "BENCH_RELAYS", 1, 1, 16, "relay: relay processes sharing the backlog")
 	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline: pending rows to send")

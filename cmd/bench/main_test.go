@@ -195,8 +195,9 @@ func TestThroughputFigures(t *testing.T) {
 	res := map[string][]sideResult{
 		sideBareRelay:    {{40000, pg(10, 0.002, 600, 4)}, {36000, pg(12, 0.002, 610, 4)}, {38000, pg(11, 0.002, 620, 4)}},
 		sideRelay:        {{30000, pg(20, 0.01, 3000, 20)}, {37000, nil}, {36000, pg(22, 0.01, 3100, 22)}},
-		sideBarePipeline: {{6000, nil}, {6400, nil}, {6200, nil}},
-		sidePipeline:     {{5000, nil}, {5100, nil}, {4900, nil}},
+		sideBarePipeline: {{6000, pg(40, 0.06, 1200, 9)}, {6400, pg(42, 0.07, 1180, 9)}, {6200, pg(41, 0.065, 1190, 9)}},
+		sidePipeline:     {{5000, pg(120, 0.1, 1400, 12)}, {5100, pg(130, 0.1, 1420, 12)}, {4900, pg(125, 0.1, 1410, 12)}},
+		sideBareReceipts: {{5500, nil}, {5600, nil}, {5400, nil}},
 		sideReceipts:     {{4400, nil}, {4300, nil}, {4500, nil}},
 	}
 	r := &report{}
@@ -224,15 +225,32 @@ func TestThroughputFigures(t *testing.T) {
 	}{
 		{"relay / bare relay", 36000.0 / 38000, false},
 		{"pipeline / bare pipeline", 5000.0 / 6200, true},
-		{"pipeline with receipts / bare pipeline", 4400.0 / 6200, true},
+		{"pipeline with receipts / bare pipeline with receipts", 4400.0 / 5500, true},
 	} {
 		f, ok := got[tt.name]
 		if !ok || f.Value != tt.value || f.Met == nil || *f.Met != tt.met || f.Unit != "x" {
 			t.Errorf("%s = %+v, want %v (met %v)", tt.name, f, tt.value, tt.met)
 		}
 	}
-	if r.Throughput == nil || r.Throughput.Runs != 3 || len(r.Throughput.Sides) != 5 || len(r.Throughput.Ratios) != 3 {
+	if r.Throughput == nil || r.Throughput.Runs != 3 || len(r.Throughput.Sides) != 6 || len(r.Throughput.Ratios) != 6 {
 		t.Fatalf("throughput = %+v", r.Throughput)
+	}
+	// Postgres's work per message against the bare pipeline's, each with
+	// its ceiling: CPU 125/41 > 2 (missed), WAL 1410/1190 > 1.15 (missed),
+	// commits 0.1/0.065 > 1.5 (missed).
+	for _, tt := range []struct {
+		name  string
+		value float64
+		met   bool
+	}{
+		{"pipeline / bare pipeline: postgres CPU per message", 125.0 / 41, false},
+		{"pipeline / bare pipeline: WAL bytes per message", 1410.0 / 1190, false},
+		{"pipeline / bare pipeline: commits per message", 0.1 / 0.065, false},
+	} {
+		f, ok := got[tt.name]
+		if !ok || f.Value != tt.value || f.Met == nil || *f.Met != tt.met || f.Op != "<=" {
+			t.Errorf("%s = %+v, want %v (met %v)", tt.name, f, tt.value, tt.met)
+		}
 	}
 	// Without the baseline, no ratio.
 	r = &report{}

@@ -221,6 +221,11 @@ func (b *bench) waitSent(ctx context.Context, e *env, tag, table string, n int, 
 // waitReceipts waits until the stub's receipts of n messages were
 // answered and n rows are delivered.
 func (b *bench) waitReceipts(ctx context.Context, e *env, tag string, n int, from time.Time) error {
+	return b.waitReceiptsIn(ctx, e, tag, "sms_outbox", n, from)
+}
+
+// waitReceiptsIn is waitReceipts for the rows of table.
+func (b *bench) waitReceiptsIn(ctx context.Context, e *env, tag, table string, n int, from time.Time) error {
 	show := throttle(time.Second)
 	return b.waitUntil(ctx, 100*time.Millisecond, func() (bool, error) {
 		st, err := e.stubStats(ctx)
@@ -233,7 +238,7 @@ func (b *bench) waitReceipts(ctx context.Context, e *env, tag string, n int, fro
 		if st.ReceiptsSent < int64(n) {
 			return false, nil
 		}
-		done, err := b.countIn(ctx, "sms_outbox", "delivered")
+		done, err := b.countIn(ctx, table, "delivered")
 		return done >= n, err
 	})
 }

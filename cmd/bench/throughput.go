@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"slices"
 	"time"
 )
@@ -18,6 +20,7 @@ const (
 	sideRelay        = "relay"
 	sideBarePipeline = "bare pipeline"
 	sidePipeline     = "pipeline"
+	sideBareReceipts = "bare pipeline with receipts"
 	sideReceipts     = "pipeline with receipts"
 )
 
@@ -39,7 +42,19 @@ type ratioTarget struct {
 var ratioTargets = []ratioTarget{
 	{"relay", sideRelay, sideBareRelay, 0.95},
 	{"pipeline", sidePipeline, sideBarePipeline, 0.8},
-	{"pipeline", sideReceipts, sideBarePipeline, 0.7},
+	{"pipeline", sideReceipts, sideBareReceipts, 0.8},
+}
+
+// pgTarget is a ceiling on Postgres's work per message of a product side
+// over its baseline's.
+type pgTarget struct {
+	side, base string
+	cpu, wal   float64
+	commits    float64
+}
+
+var pgTargets = []pgTarget{
+	{sidePipeline, sideBarePipeline, 2, 1.15, 1.5},
 }
 
 // sideSummary is one side's runs and their medians, in bench.json.
@@ -115,9 +130,9 @@ func summarizeSide(side string, rs []sideResult) sideSummary {
 // runs.
 func (r *report) addThroughput(runs int, results map[string][]sideResult) {
 	tr := &throughputReport{Runs: runs, Ratios: map[string]float64{},
-		Method: "each side's figure is the median of its runs; a run runs the sides one after the other on fresh NATS servers and stubs: bare relay, relay, bare pipeline, pipeline, pipeline with receipts"}
+		Method: "each side's figure is the median of its runs; a run runs the sides one after the other on fresh NATS servers and stubs: bare relay, relay, bare pipeline, pipeline, bare pipeline with receipts, pipeline with receipts"}
 	sums := map[string]sideSummary{}
-	for _, side := range []string{sideBareRelay, sideRelay, sideBarePipeline, sidePipeline, sideReceipts} {
+	for _, side := range []string{sideBareRelay, sideRelay, sideBarePipeline, sidePipeline, sideBareReceipts, sideReceipts} {
 		rs := results[side]
 		if len(rs) == 0 {
 			continue
@@ -133,7 +148,7 @@ func (r *report) addThroughput(runs int, results map[string][]sideResult) {
 		switch side {
 		case sideBareRelay, sideRelay:
 			what = "drain pending->queued"
-		case sideReceipts:
+		case sideReceipts, sideBareReceipts:
 			what = "drain pending->delivered (receipts)"
 		}
 		r.add(scen, fmt.Sprintf("%s: %s, median of %d", side, what, len(rs)), s.Rate, s.Unit)
@@ -152,6 +167,29 @@ func (r *report) addThroughput(runs int, results map[string][]sideResult) {
 		tr.Ratios[t.side+" / "+t.base] = q
 		r.addTarget(t.scenario, t.side+" / "+t.base, q, "x", ">=", t.min)
 	}
+	for _, t := range pgTargets {
+		a, okA := sums[t.side]
+		b, okB := sums[t.base]
+		if !okA || !okB {
+			continue
+		}
+		for _, m := range []struct {
+			what       string
+			side, base float64
+			max        float64
+		}{
+			{"postgres CPU per message", a.PostgresCPUMicros, b.PostgresCPUMicros, t.cpu},
+			{"WAL bytes per message", a.WALBytes, b.WALBytes, t.wal},
+			{"commits per message", a.Commits, b.Commits, t.commits},
+		} {
+			if m.side <= 0 || m.base <= 0 {
+				continue // not read: no ratio rather than a made-up one
+			}
+			q := ratio(m.side, m.base)
+			tr.Ratios[t.side+" / "+t.base+": "+m.what] = q
+			r.addTarget("pipeline", t.side+" / "+t.base+": "+m.what, q, "x", "<=", m.max)
+		}
+	}
 	r.Throughput = tr
 }
 
@@ -168,9 +206,14 @@ func (b *bench) throughput(ctx context.Context, rep *report) []error {
 		legs = append(legs, leg{sideBareRelay, b.bareRelayDrain}, leg{sideRelay, b.relayDrain})
 	}
 	if b.cfg.selected["pipeline"] {
-		legs = append(legs, leg{sideBarePipeline, b.barePipeline},
+		legs = append(legs, leg{sideBarePipeline, func(ctx context.Context, rep *report, run int) (sideResult, error) {
+			return b.barePipeline(ctx, rep, run, false)
+		}},
 			leg{sidePipeline, func(ctx context.Context, rep *report, run int) (sideResult, error) {
 				return b.pipeline(ctx, rep, run, false)
+			}},
+			leg{sideBareReceipts, func(ctx context.Context, rep *report, run int) (sideResult, error) {
+				return b.barePipeline(ctx, rep, run, true)
 			}},
 			leg{sideReceipts, func(ctx context.Context, rep *report, run int) (sideResult, error) {
 				return b.pipeline(ctx, rep, run, true)
@@ -281,10 +324,20 @@ func (b *bench) bareRelayDrain(ctx context.Context, rep *report, run int) (sideR
 // provider calls in flight as the pipeline has), against a stub without
 // latency. The clock runs from the start of the relay's loops to the last
 // sent row's status write, as the pipeline's does.
-func (b *bench) barePipeline(ctx context.Context, rep *report, run int) (sideResult, error) {
+//
+// With receipts, the stub posts each message's receipts to a bare receiver
+// in the bench (bareReceiver: one UPDATE by id per settling receipt), and
+// the clock runs to the last delivered row's write.
+func (b *bench) barePipeline(ctx context.Context, rep *report, run int, receipts bool) (sideResult, error) {
 	n := b.cfg.pipeRows
-	name := fmt.Sprintf("bare-pipeline-%d", run)
-	e, err := b.newEnv(ctx, name, 0)
+	name, scen, final := fmt.Sprintf("bare-pipeline-%d", run), "bare-pipeline", "sent"
+	var stubEnv, stubArgs []string
+	if receipts {
+		name, scen, final = fmt.Sprintf("bare-receipts-%d", run), "bare-receipts", "delivered"
+		stubEnv = []string{"SMS_WEBHOOK_SECRET=" + b.receiptSecret}
+		stubArgs = []string{"-receipt-delay", "1ms"}
+	}
+	e, err := b.newEnvWith(ctx, name, 0, stubEnv, stubArgs...)
 	if err != nil {
 		return sideResult{}, err
 	}
@@ -298,7 +351,11 @@ func (b *bench) barePipeline(ctx context.Context, rep *report, run int) (sideRes
 		return sideResult{}, err
 	}
 	loops, batch := b.cfg.senders, b.cfg.concurrency
-	pool, err := b.barePool(ctx, bareLoops+loops)
+	conns := bareLoops + loops
+	if receipts {
+		conns += loops * batch // the receiver's, one a receipt in flight
+	}
+	pool, err := b.barePool(ctx, conns)
 	if err != nil {
 		return sideResult{}, err
 	}
@@ -306,6 +363,16 @@ func (b *bench) barePipeline(ctx context.Context, rep *report, run int) (sideRes
 	client := newBareHTTPClient(loops * batch)
 	defer client.CloseIdleConnections()
 	s := &bareSender{pool: pool, cons: cons, client: client, stubURL: e.stubURL, apiKey: b.apiKey, batch: batch}
+	if receipts {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return sideResult{}, err
+		}
+		srv := &http.Server{Handler: bareReceiver(pool), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		s.callback = "http://" + ln.Addr().String() + "/"
+	}
 	b.logf("[%s] %d pending rows written in %s; starting the bare relay and %d bare sender loops of %d", name, n, since(t), loops, batch)
 	pg0, cpu0 := b.samplePG(ctx), b.sampleCPU()
 	started := time.Now()
@@ -319,7 +386,15 @@ func (b *bench) barePipeline(ctx context.Context, rep *report, run int) (sideRes
 		}
 		return senderDone.failed()
 	}
-	if err := b.waitSent(ctx, e, name, bareTable, n, started, failed); err != nil {
+	if receipts {
+		err = b.waitReceiptsIn(ctx, e, name, bareTable, n, started)
+	} else {
+		err = b.waitSent(ctx, e, name, bareTable, n, started, failed)
+	}
+	if err != nil {
+		if f := failed(); f != nil {
+			return sideResult{}, f
+		}
 		return sideResult{}, err
 	}
 	if err := senderDone.wait(); err != nil {
@@ -339,21 +414,21 @@ func (b *bench) barePipeline(ctx context.Context, rep *report, run int) (sideRes
 
 	var lastSent time.Time
 	var attempts, sent int
-	err = b.pool.QueryRow(ctx, `SELECT count(*), max(updated_at), sum(attempt_count) FROM `+bareTable+` WHERE status = 'sent'`).Scan(&sent, &lastSent, &attempts)
+	err = b.pool.QueryRow(ctx, `SELECT count(*), max(updated_at), sum(attempt_count) FROM `+bareTable+` WHERE status = $1`, final).Scan(&sent, &lastSent, &attempts)
 	if err != nil {
-		return sideResult{}, fmt.Errorf("read sent rows: %w", err)
+		return sideResult{}, fmt.Errorf("read %s rows: %w", final, err)
 	}
 	if sent != n {
-		return sideResult{}, fmt.Errorf("%d of %d rows sent", sent, n)
+		return sideResult{}, fmt.Errorf("%d of %d rows %s", sent, n, final)
 	}
 	if err := checkOnce(stats.Deliveries, stats.Keys, n); err != nil {
 		return sideResult{}, err
 	}
 	span := lastSent.Sub(started)
 	rate := float64(n) / span.Seconds()
-	b.logf("[%s] %d messages sent in %s: %.0f msg/s; %d attempts, %d provider requests", name, n, span.Round(time.Millisecond), rate, attempts, stats.Requests)
+	b.logf("[%s] %d messages %s in %s: %.0f msg/s; %d attempts, %d provider requests, %d receipts", name, n, final, span.Round(time.Millisecond), rate, attempts, stats.Requests, stats.ReceiptsSent)
 	b.logf("[%s] cpu: %s", name, cpu)
-	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: "bare-pipeline", Run: run, Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
+	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: scen, Run: run, Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
 		"messages_per_second": rate, "start_to_last_sent_s": span.Seconds(), "attempts": attempts,
 		"provider_requests": stats.Requests, "sender_loops": loops, "fetch_batch": batch,
 	}})
