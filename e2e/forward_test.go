@@ -306,8 +306,10 @@ func TestRolesMakeTheirOwnMoves(t *testing.T) {
 		}))
 	}
 
-	// The console, through sendonce_replay_rows and sendonce_console_replay.
-	for _, from := range []string{"dead", "unknown"} {
+	// The console, through sendonce_replay_rows and sendonce_console_replay:
+	// dead rows only (an unknown row's safety rests on the provider's
+	// idempotency, which the row does not record).
+	for _, from := range []string{"dead"} {
 		id := row(from)
 		audit := outbox.ConsoleReplay{User: "alice", Role: "operator", Requested: []uuid.UUID{id}}
 		check("console", from+" -> pending (replay)", id, outbox.StatusPending, in(consolePool, func(tx pgx.Tx) error {
@@ -375,5 +377,29 @@ func TestForwardOnlyUnderAnOwnerThatIsNoSuperuser(t *testing.T) {
 	// The owner itself (a data migration, an administrator's repair).
 	if _, err := owner.Exec(ctx, `UPDATE sms_outbox SET status = 'pending' WHERE id = $1`, delivered); err != nil {
 		t.Errorf("the owner, no superuser, was refused: %v", err)
+	}
+}
+
+// A console login calling the console's replay function itself, past the
+// console's own checks, still cannot put an unknown row back to pending:
+// whether that sends the message twice depends on the provider's
+// idempotency, which the row does not record. A dead row it may replay.
+func TestTheConsoleCannotReplayAnUnknownRow(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewMigrated(t)
+	owner := newPool(t, dbURL)
+	consolePool := asRole(t, dbURL, "sendonce_console")
+	ctx := context.Background()
+	for i, c := range []struct {
+		from, want string
+	}{{"unknown", "unknown"}, {"dead", "pending"}} {
+		id := forwardRow(t, owner, 100+i, c.from)
+		if _, err := consolePool.Exec(ctx, `SELECT * FROM sendonce_console_replay('mallory', 'operator', ARRAY[$1::uuid], ARRAY[$1::uuid], '')`, id); err != nil {
+			t.Fatalf("%s: %v", c.from, err)
+		}
+		var st string
+		if err := owner.QueryRow(ctx, `SELECT status FROM sms_outbox WHERE id = $1`, id).Scan(&st); err != nil || st != c.want {
+			t.Errorf("%s row after the console's function: %q, %v; want %s", c.from, st, err, c.want)
+		}
 	}
 }

@@ -8,13 +8,17 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/breaker"
 	store "github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -413,4 +417,278 @@ func TestAMoveThenA429KeepsTheAttempt(t *testing.T) {
 
 func outboxMiscounted(e *env, ids []uuid.UUID) (int, error) {
 	return store.MiscountedAttempts(context.Background(), e.pool, ids)
+}
+
+// lookHook is a real client whose Lookup a test replaces.
+type lookHook struct {
+	*provider.Client
+	lookup func(ctx context.Context, q provider.LookupQuery) provider.LookupResult
+}
+
+func (h *lookHook) Lookup(ctx context.Context, q provider.LookupQuery) provider.LookupResult {
+	return h.lookup(ctx, q)
+}
+
+func (e *env) traceOf(t *testing.T, ids []uuid.UUID) {
+	for _, id := range ids {
+		as, err := store.Attempts(context.Background(), e.pool, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range as {
+			t.Logf("trace %s: #%d %s at %q: %s", id.String()[:8], a.Number, a.Outcome, a.Provider, a.Error)
+		}
+	}
+}
+
+// A sender died mid-call at the secondary after moving the row there, and
+// a failover lost the move (the row names the primary again, sending under
+// the dead sender's expired lease). The stale claim asks the secondary
+// first, but only once the settle time after the lease has passed: it
+// defers, and the row keeps the mark that every other provider is still
+// to be asked, so the next claim asks the secondary before anything.
+func TestADeferredLookupElsewhereIsNotForgotten(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	pa := e.lookupClient(e.stubURL)
+	pb := e.lookupClient(secondaryURL)
+	ids := e.insert(3)
+	ctx := context.Background()
+	for i, id := range ids {
+		// The dead sender's call at the secondary: it took the message.
+		if o := pb.Send(ctx, provider.Message{Key: id.String(), To: testPhone(i), Body: testBody(i)}); o.Kind != provider.Sent {
+			t.Fatalf("direct send: %+v", o)
+		}
+		// The promoted primary: the claim survived, the move did not.
+		if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'sending', provider = 'primary', attempt_count = 1,
+			claim_id = $2, lease_until = now() - interval '200 milliseconds' WHERE id = $1`, id, uuid.New()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.js.Publish(ctx, streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id}),
+			jetstream.WithMsgID(id.String())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := breaker.Config{Failures: 1000}
+	stop := e.startSender(senderOptions{cfg: sender.Config{LookupSettle: 2 * time.Second, Routes: []sender.Route{
+		{Name: "primary", Provider: pa, Breaker: breaker.New(big)},
+		{Name: "secondary", Provider: pb, Breaker: breaker.New(big)}}}})
+	defer stop()
+	rows := e.waitTerminal(ids, 60*time.Second)
+	at := e.providerOf(ids)
+	a, b := e.stub.Deliveries(), secondary.Deliveries()
+	e.traceOf(t, ids)
+	for _, id := range ids {
+		k := id.String()
+		t.Logf("row %s: %s at %q; deliveries primary %d, secondary %d", id, rows[id].status, at[id], a[k].Deliveries, b[k].Deliveries)
+		if a[k].Deliveries+b[k].Deliveries > 1 {
+			t.Errorf("row %s delivered %d times across both providers", id, a[k].Deliveries+b[k].Deliveries)
+		}
+	}
+}
+
+// A failover lost the claim that named the secondary, and its sender died
+// after the secondary took the message (no result write, so no mark). The
+// redelivery asks the secondary, whose lookup fails once: the row keeps the
+// mark, and the next claim asks the secondary again rather than only the
+// primary.
+func TestAFailedLookupElsewhereIsNotForgotten(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	pa := e.lookupClient(e.stubURL)
+	pb := e.lookupClient(secondaryURL)
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	sec := &lookHook{Client: pb}
+	sec.lookup = func(ctx context.Context, q provider.LookupQuery) provider.LookupResult {
+		mu.Lock()
+		first := !failed[q.Reference]
+		failed[q.Reference] = true
+		mu.Unlock()
+		if first {
+			return provider.LookupResult{Err: context.DeadlineExceeded}
+		}
+		return pb.Lookup(ctx, q)
+	}
+	ids := e.insert(3)
+	ctx := context.Background()
+	for i, id := range ids {
+		if o := pb.Send(ctx, provider.Message{Key: id.String(), To: testPhone(i), Body: testBody(i)}); o.Kind != provider.Sent {
+			t.Fatalf("direct send: %+v", o)
+		}
+		if _, err := e.js.Publish(ctx, streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id}),
+			jetstream.WithMsgID(id.String())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The lost claim's delivery: taken and never answered (the sender
+	// died); here handed back at once.
+	cons, err := e.js.Consumer(ctx, "SMS", streams.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for got < len(ids) {
+		batch, err := cons.Fetch(len(ids)-got, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			_ = m.Nak()
+			got++
+		}
+	}
+	big := breaker.Config{Failures: 1000}
+	stop := e.startSender(senderOptions{cfg: sender.Config{LookupSettle: 200 * time.Millisecond, Routes: []sender.Route{
+		{Name: "primary", Provider: pa, Breaker: breaker.New(big)},
+		{Name: "secondary", Provider: sec, Breaker: breaker.New(big)}}}})
+	defer stop()
+	rows := e.waitTerminal(ids, 60*time.Second)
+	at := e.providerOf(ids)
+	a, b := e.stub.Deliveries(), secondary.Deliveries()
+	e.traceOf(t, ids)
+	for _, id := range ids {
+		k := id.String()
+		t.Logf("row %s: %s at %q; deliveries primary %d, secondary %d", id, rows[id].status, at[id], a[k].Deliveries, b[k].Deliveries)
+		if a[k].Deliveries+b[k].Deliveries > 1 {
+			t.Errorf("row %s delivered %d times across both providers", id, a[k].Deliveries+b[k].Deliveries)
+		}
+	}
+}
+
+// Two idempotent providers without lookups (the generic API's safe
+// default): a republished row (a parked retry, Gen 1) is a weak doubt, and
+// a provider that cannot be asked is passed over, as one provider would
+// simply send it under its key: sent, not unknown.
+func TestAParkedRetryIsSentAtAnIdempotentPair(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	mk := func(base string) *provider.Client {
+		p, err := provider.New(provider.Config{BaseURL: base, APIKey: testAPIKey, Timeout: 2 * time.Second, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ids := e.insert(3)
+	ctx := context.Background()
+	for _, id := range ids {
+		// A retry parked in Postgres, republished by the reconciler.
+		if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', provider = 'primary', attempt_count = 2, publish_gen = 1,
+			next_attempt_at = now() WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.js.Publish(ctx, streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id, Gen: 1}),
+			jetstream.WithMsgID(id.String()+"-1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := breaker.Config{Failures: 1000}
+	stop := e.startSender(senderOptions{cfg: sender.Config{Routes: []sender.Route{
+		{Name: "primary", Provider: mk(e.stubURL), Breaker: breaker.New(big)},
+		{Name: "secondary", Provider: mk(secondaryURL), Breaker: breaker.New(big)}}}})
+	defer stop()
+	rows := e.waitTerminal(ids, 60*time.Second)
+	a, b := e.stub.Deliveries(), secondary.Deliveries()
+	for _, id := range ids {
+		k := id.String()
+		t.Logf("row %s: %s (%s); deliveries primary %d, secondary %d", id, rows[id].status, rows[id].lastErr, a[k].Deliveries, b[k].Deliveries)
+		if rows[id].status != "sent" {
+			t.Errorf("row %s ended %s with no call anywhere", id, rows[id].status)
+		}
+	}
+}
+
+// A backlog: rows first claimed ten minutes after they were written
+// (senders down). Past the duplicate window, a weak doubt: a provider that
+// cannot be asked is passed over, and the rows are sent.
+func TestABacklogIsSentAtAnIdempotentPair(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	mk := func(base string) *provider.Client {
+		p, err := provider.New(provider.Config{BaseURL: base, APIKey: testAPIKey, Timeout: 2 * time.Second, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ids := e.insert(3)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET created_at = now() - interval '10 minutes' WHERE id = ANY($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if _, err := e.js.Publish(ctx, streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id}),
+			jetstream.WithMsgID(id.String())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := breaker.Config{Failures: 1000}
+	stop := e.startSender(senderOptions{cfg: sender.Config{Routes: []sender.Route{
+		{Name: "primary", Provider: mk(e.stubURL), Breaker: breaker.New(big)},
+		{Name: "secondary", Provider: mk(secondaryURL), Breaker: breaker.New(big)}}}})
+	defer stop()
+	rows := e.waitTerminal(ids, 60*time.Second)
+	a, b := e.stub.Deliveries(), secondary.Deliveries()
+	for _, id := range ids {
+		k := id.String()
+		t.Logf("row %s: %s (%s); deliveries primary %d, secondary %d", id, rows[id].status, rows[id].lastErr, a[k].Deliveries, b[k].Deliveries)
+		if rows[id].status != "sent" {
+			t.Errorf("row %s ended %s with no call anywhere", id, rows[id].status)
+		}
+	}
+}
+
+// SMS_PROVIDERS under the sender's own role (sendonce_sender): the claim
+// reads the provider of a row's attempts, which migration 0019 grants.
+func TestFailoverRunsAsTheSenderRole(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	_, secondaryURL := e.startStub()
+	senderPool := asRole(t, e.dbURL(), "sendonce_sender")
+	_, stopRelay := e.startRelay(relay.Config{})
+	defer stopRelay()
+	senderEnv := *e
+	senderEnv.pool = senderPool
+	stop := senderEnv.startSender(senderOptions{cfg: sender.Config{Routes: []sender.Route{
+		e.route("primary", e.stubURL, 2*time.Second), e.route("secondary", secondaryURL, 2*time.Second)}}})
+	defer stop()
+	ids := e.insert(5)
+	rows := e.waitTerminal(ids, 60*time.Second)
+	for _, id := range ids {
+		if rows[id].status != outbox.StatusSent {
+			t.Errorf("row %s: %s; want sent", id, rows[id].status)
+		}
+	}
+}
+
+// The claim under the sender role, one provider or several, on custom and
+// generic plans alike (a generic plan keeps every branch, and Postgres
+// checks the permissions of all of them).
+func TestClaimsRunAsTheSenderRoleOnEveryPlan(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	ids := e.insert(2)
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		u := pgtest.AsRole(t, e.dbURL(), "sendonce_sender") + "%20-c%20plan_cache_mode%3D" + mode
+		pool := newPool(t, u)
+		var err error
+		i := 0
+		for ; i < 12 && err == nil; i++ {
+			_, err = store.ClaimForSend(context.Background(), pool, ids[:1], nil, time.Minute, uuid.New())
+		}
+		if err != nil {
+			t.Errorf("plan_cache_mode=%s, one provider: execution %d: %v", mode, i, err)
+		}
+		for j := 0; j < 12 && err == nil; j++ {
+			_, err = store.ClaimForSendTo(context.Background(), pool, ids[1:], nil, time.Minute, uuid.New(), store.Providers{Preferred: "a", Primary: "a"})
+		}
+		if err != nil {
+			t.Errorf("plan_cache_mode=%s, named providers: %v", mode, err)
+		}
+	}
 }

@@ -105,8 +105,8 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 	if !slices.ContainsFunc(provs, func(p provider.Named) bool { return p.Client.CanLookup() }) {
 		return fmt.Errorf("SMS_PROVIDER / SMS_PROVIDERS: %s offers no lookup: relay resolve cannot ask it (a receipt may still settle its rows; docs/providers.md)", provs[0].Name)
 	}
-	// A row is looked up at the provider it names: the only one that may
-	// have its message (the first when it names none).
+	// A row is looked up at the provider it names (the first when it names
+	// none); with several, a "none" there is checked at the others.
 	providerOf := func(name string) *provider.Client {
 		for _, p := range provs {
 			if p.Name == name || (name == "" && p == provs[0]) {
@@ -161,7 +161,27 @@ func resolve(ctx context.Context, c resolveConfig, id uuid.UUID, out io.Writer) 
 				res[i].lookup = provider.LookupResult{Err: fmt.Errorf("the row's provider %q offers no lookup; a receipt may still settle it", r.Provider)}
 				return
 			}
-			res[i].lookup = prov.Lookup(ctx, provider.LookupQuery{Reference: r.ID.String(), To: r.To, Body: r.Body, Since: r.CreatedAt})
+			q := provider.LookupQuery{Reference: r.ID.String(), To: r.To, Body: r.Body, Since: r.CreatedAt}
+			res[i].lookup = prov.Lookup(ctx, q)
+			if lr := res[i].lookup; lr.Err != nil || len(lr.Found) > 0 || len(provs) < 2 {
+				return
+			}
+			// "None" at the row's provider settles it dead only if no other
+			// provider of the list has it either: a failover may have lost
+			// the row's move to another.
+			for _, o := range provs {
+				if o.Client == prov {
+					continue
+				}
+				if !o.Client.CanLookup() {
+					res[i].lookup = provider.LookupResult{Err: fmt.Errorf("provider %s of SMS_PROVIDERS, which may have the message, offers no lookup", o.Name)}
+					return
+				}
+				if lr := o.Client.Lookup(ctx, q); lr.Err != nil || len(lr.Found) > 0 {
+					res[i].lookup = lr
+					return
+				}
+			}
 		})
 	}
 	wg.Wait()

@@ -91,6 +91,10 @@ type Claim struct {
 	// for a row claimed without Providers): every provider that may hold
 	// its message, since a row moves only where none can (Repin).
 	Provider string
+	// LookupEverywhere is set when an earlier claim found that the row's
+	// records may have lost an attempt and could not yet ask every other
+	// provider (set when claimed).
+	LookupEverywhere bool
 }
 
 // Providers names the provider a claim gives a row that has none.
@@ -141,10 +145,8 @@ func ClaimForSend(ctx context.Context, q Querier, ids []uuid.UUID, from []Delive
 // claimed that has none (Providers), and returns it as Claim.Provider.
 func ClaimForSendTo(ctx context.Context, q Querier, ids []uuid.UUID, from []Delivery, lease time.Duration, token uuid.UUID, p Providers) ([]Claim, error) {
 	seqs, counts := make([]int64, len(ids)), make([]int32, len(ids))
-	each := p.Each
-	if each == nil {
-		each = make([]string, len(ids))
-	} else if len(each) != len(ids) {
+	each := p.Each // nil: NULL, every id's preference the default
+	if each != nil && len(each) != len(ids) {
 		return nil, fmt.Errorf("outbox: claim rows for sending: %d ids but %d preferred providers", len(ids), len(each))
 	}
 	if from != nil {
@@ -184,6 +186,7 @@ WITH cur AS (
 	               WHEN o.attempt_count = 0 THEN coalesce(nullif(d.pref, ''), nullif($6, ''))
 	               ELSE coalesce((SELECT a.provider FROM sms_attempts a
 	                              WHERE a.outbox_id = o.id AND a.provider IS NOT NULL
+	                                AND a.outcome NOT IN ('lookup', 'rate_limited')
 	                              ORDER BY a.id DESC LIMIT 1), $7) END
 	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
 	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)
@@ -192,12 +195,13 @@ WITH cur AS (
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
 	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
 	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at,
-	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider
+	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider, o.lookup_everywhere
 )
 SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
        coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
-       clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, '')
+       clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, ''),
+       coalesce(upd.lookup_everywhere, false)
 FROM cur
 LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary, each)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
@@ -218,7 +222,7 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 			prevCount  int32
 		)
 		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
-			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount, &c.Provider); err != nil {
+			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount, &c.Provider, &c.LookupEverywhere); err != nil {
 			return c, err
 		}
 		switch {
@@ -347,6 +351,10 @@ type Result struct {
 	// may hold the message, is the row's, whatever a failover lost (the
 	// claim that named it, or a move to it).
 	Provider string
+	// LookupEverywhere, when set, is written to the row's mark: true when
+	// an attempt whose records may have been lost could not ask every
+	// other provider yet, false once they all answered; nil leaves it.
+	LookupEverywhere *bool
 }
 
 // Written describes a row a status write changed.
@@ -536,9 +544,11 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		lookups []bool
 		delays  []float64
 		provs   []string
+		everyw  []*bool
+		marks   []bool
 	)
 	for _, r := range results {
-		if !r.MaybeAccepted && !r.LookupPending {
+		if !r.MaybeAccepted && !r.LookupPending && r.LookupEverywhere == nil {
 			continue
 		}
 		if _, applied := written[r.ID]; applied {
@@ -549,7 +559,11 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		// claim that finds it there ends the row unknown rather than call.
 		lookups = append(lookups, r.LookupPending || r.MaybeAccepted)
 		delays = append(delays, r.RetryIn.Seconds())
+		// A result named here only for its lookup_everywhere mark leaves
+		// the other marks and the due time as they are.
+		marks = append(marks, r.LookupPending || r.MaybeAccepted)
 		provs = append(provs, r.Provider)
+		everyw = append(everyw, r.LookupEverywhere)
 	}
 	if len(ids) == 0 {
 		return nil
@@ -557,20 +571,21 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 	// Locked in id order, as every status write is.
 	_, err := tx.Exec(ctx, `
 WITH v AS (
-	SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[], $4::text[]) AS v(id, lookup, delay, prov)
+	SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[], $4::text[], $5::bool[], $6::bool[]) AS v(id, lookup, delay, prov, everywhere, mark)
 ), locked AS (
 	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 )
 UPDATE sms_outbox o
-SET maybe_accepted = true,
+SET maybe_accepted = o.maybe_accepted OR v.mark,
     lookup_pending = o.lookup_pending OR v.lookup,
-    next_attempt_at = CASE WHEN o.status IN ('pending', 'queued')
+    next_attempt_at = CASE WHEN v.mark AND o.status IN ('pending', 'queued')
                            THEN greatest(o.next_attempt_at, clock_timestamp() + v.delay * interval '1 second')
                            ELSE o.next_attempt_at END,
     provider = coalesce(nullif(v.prov, ''), o.provider),
+    lookup_everywhere = coalesce(v.everywhere, o.lookup_everywhere),
     updated_at = clock_timestamp()
 FROM v JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, uuidArray(ids), lookups, delays, provs)
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, uuidArray(ids), lookups, delays, provs, everyw, marks)
 	if err != nil {
 		return fmt.Errorf("outbox: mark missed attempts: %w", err)
 	}
@@ -594,6 +609,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		failed   = make([]int32, n)
 		notacc   = make([]bool, n)
 		provs    = make([]string, n)
+		everyw   = make([]*bool, n)
 	)
 	for i, r := range results {
 		switch r.Status {
@@ -608,7 +624,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 			reasons[i] = &reason
 		}
 		delays[i], parks[i], maybes[i], refunds[i] = r.RetryIn.Seconds(), r.Park, r.MaybeAccepted, r.Refund
-		lookups[i], notacc[i], provs[i] = r.LookupPending, r.NotAccepted, r.Provider
+		lookups[i], notacc[i], provs[i], everyw[i] = r.LookupPending, r.NotAccepted, r.Provider, r.LookupEverywhere
 		if r.LookupFailed {
 			failed[i] = 1
 		}
@@ -646,10 +662,11 @@ SET -- dead is a promise that nothing reached the provider: a row an attempt
     sent_at = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(o.sent_at, clock_timestamp())
                    ELSE o.sent_at END,
     provider = coalesce(nullif(v.prov, ''), o.provider),
+    lookup_everywhere = coalesce(v.everywhere, o.lookup_everywhere),
     updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[],
-            $10::bool[], $11::bool[], $12::int[], $13::bool[], $14::text[])
-         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund, lookup, failed, notacc, prov)
+            $10::bool[], $11::bool[], $12::int[], $13::bool[], $14::text[], $15::bool[])
+         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund, lookup, failed, notacc, prov, everywhere)
      JOIN locked USING (id)
 WHERE o.id = v.id
   AND CASE -- The provider's own word (an answer, a lookup) is evidence: it is
@@ -660,7 +677,7 @@ WHERE o.id = v.id
            WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
-		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc, provs)
+		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc, provs, everyw)
 	if err := collectWritten(rows, written); err != nil {
 		return fmt.Errorf("outbox: write results: %w", err)
 	}
@@ -673,7 +690,7 @@ RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
 func plainSends(results []Result) bool {
 	for _, r := range results {
 		if r.Status != StatusSent || r.MaybeAccepted || r.Refund || r.LookupPending || r.LookupFailed ||
-			r.NotAccepted || r.Lookup != nil {
+			r.NotAccepted || r.Lookup != nil || r.LookupEverywhere != nil {
 			return false
 		}
 	}

@@ -110,14 +110,18 @@ type Client struct {
 
 // NotTaken reports whether an attempt certainly left the message untaken
 // by the provider, so that another provider may be called: the request
-// never left (connection refused, DNS, TLS before it was written), the
+// never had a connection (refused, DNS, TLS), the
 // provider answered a status it documents as a refusal before anything
 // was processed (refused), or, where the API's contract says so, a 503.
 func (c *Client) NotTaken(o Outcome) bool {
 	if o.Kind != Retry || o.MaybeAccepted {
 		return false
 	}
-	return o.HTTPStatus == 0 || slices.Contains(c.refused, o.HTTPStatus) ||
+	// Without an answer, only a request that never had a connection is
+	// certain: on a live connection, a timeout can race the report that the
+	// request was written (which an idempotent client, retrying the same
+	// provider under the same key, may ignore; another provider may not).
+	return (o.HTTPStatus == 0 && !o.Connected) || slices.Contains(c.refused, o.HTTPStatus) ||
 		(o.HTTPStatus == http.StatusServiceUnavailable && c.unavailableTakesNothing)
 }
 
@@ -238,13 +242,13 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 		// double-send, any failure on a live connection counts as written.
 		maybeWritten := wrote.Load() || (!c.cfg.Idempotent && gotConn.Load())
 		o := c.transportFailure(err, maybeWritten)
-		o.Latency = time.Since(start)
+		o.Latency, o.Connected = time.Since(start), gotConn.Load()
 		return o
 	}
 	defer resp.Body.Close()
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
 	o := c.classify(resp, data, readErr, m)
-	o.Latency = time.Since(start)
+	o.Latency, o.Connected = time.Since(start), true
 	return o
 }
 

@@ -36,6 +36,10 @@ func TestNotTakenIsWhatTheProviderDocuments(t *testing.T) {
 	lowBalance := provider.Outcome{Kind: provider.Retry, HTTPStatus: 402}
 	lost := provider.Outcome{Kind: provider.Ambiguous, MaybeAccepted: true}
 	lostIdem := provider.Outcome{Kind: provider.Retry, MaybeAccepted: true}
+	// An idempotent client's timeout on a live connection that raced the
+	// report of the request written: not maybe-accepted for its own
+	// retries, but not certain enough to go elsewhere.
+	racedIdem := provider.Outcome{Kind: provider.Retry, Connected: true, Reason: "request not sent: timeout"}
 	for _, tt := range []struct {
 		name string
 		c    *provider.Client
@@ -45,6 +49,7 @@ func TestNotTakenIsWhatTheProviderDocuments(t *testing.T) {
 		{"generic, never left", generic, neverLeft, true},
 		{"generic, 503", generic, unavailable, true},
 		{"generic, answer lost", generic, lostIdem, false},
+		{"generic, timeout on a live connection", generic, racedIdem, false},
 		{"twilio, never left", twilio, neverLeft, true},
 		{"twilio, 503", twilio, unavailable, false},
 		{"twilio, answer lost", twilio, lost, false},

@@ -64,6 +64,10 @@ type Outcome struct {
 	// out after such an attempt ends unknown, not dead: "dead" tells the
 	// application the user got nothing.
 	MaybeAccepted bool
+	// Connected is set when the attempt got a connection to the provider
+	// (TCP and TLS done), whether or not the request was then written: a
+	// failure with it unset certainly reached nobody.
+	Connected bool
 }
 
 // Error returns the outcome as last_error text: status, code and reason.

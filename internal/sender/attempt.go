@@ -73,7 +73,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
 		lastDelivery: s.lastDelivery(h.md), canLookup: p.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
-		redelivered: unaccounted(h.md, c.PrevDelivery),
+		redelivered: unaccounted(h.md, c.PrevDelivery), everywhere: c.LookupEverywhere,
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
 	if f.looksUp() || s.failover() {
@@ -103,6 +103,14 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		}
 	}
 	var lookup *outbox.Evidence
+	// The row's lookup_everywhere mark: an uncertain claim keeps it set
+	// (whatever it decides without asking every other provider: a wait for
+	// the settle time, too little lease), and clears it only once they have
+	// all answered.
+	var everywhere *bool
+	if s.failover() && f.uncertain() {
+		everywhere = ptr(true)
+	}
 	if (v.call || v.lookup) && s.failover() && f.uncertain() {
 		// With several providers, a row whose earlier attempt may be lost
 		// with its records (a sender that died mid-call, a redelivery whose
@@ -112,7 +120,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		// another. Every other provider is asked before this one is called
 		// or asked; one that cannot be asked leaves the row unknown.
 		var found *route
-		v, found, lookup = s.askElsewhere(leased, c, r, v, f, pol, deadline, &res)
+		v, found, lookup, everywhere = s.askElsewhere(leased, c, r, v, f, pol, deadline, &res)
 		if found != nil {
 			r, p = found, found.Provider
 		}
@@ -222,7 +230,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	res.row = outbox.Result{
 		ID: c.ID, Status: v.status, Error: v.errText, Reason: v.reason, RetryIn: v.delay, Park: v.park,
 		Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund, LookupPending: v.lookupPending, Attempt: c.Attempt, Gen: c.Gen,
-		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: lookup, Provider: resultProvider(r, called, lookup),
+		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: lookup, Provider: resultProvider(r, called, lookup), LookupEverywhere: everywhere,
 	}
 	switch {
 	case called && v.status == outbox.StatusSent:
@@ -382,26 +390,52 @@ func resultProvider(r *route, called bool, lookup *outbox.Evidence) string {
 // askElsewhere asks every provider but r whether it has c's message, for a
 // row whose provider is uncertain (facts.uncertain). It returns the
 // verdict to go on with (v unchanged when every one answered none), the
-// provider that has the message (nil if none), and the evidence of the
-// lookup that settled the row.
-func (s *Sender) askElsewhere(ctx context.Context, c outbox.Claim, r *route, v verdict, f facts, pol policy, deadline time.Time, res *result) (verdict, *route, *outbox.Evidence) {
-	if w := lookupWait(c, pol.settle); w > 0 {
-		// A request made just before the lease ran out may not show yet.
-		f.lookupWait = w
-		return deferLookup(f, pol), nil, nil
-	}
-	q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
+// provider that has the message (nil if none), the evidence of the lookup
+// that settled the row, and the row's lookup_everywhere mark: true when
+// not every provider could be asked yet (the next claim asks them first,
+// whatever else it finds), false once each answered.
+//
+// A provider that cannot be asked (no lookups, or the row is older than
+// the lookups' retention, so that "none" proves nothing) ends the row
+// unknown when the row's records have certainly lost an attempt (a
+// redelivery whose previous claim the row does not show): caution wins.
+// On the weaker doubts (a stale claim, a republication, a row past the
+// dedup window), which a sender outage or a parked retry also raise, it is
+// passed over, as a single provider that cannot be asked would be called.
+func (s *Sender) askElsewhere(ctx context.Context, c outbox.Claim, r *route, v verdict, f facts, pol policy, deadline time.Time, res *result) (verdict, *route, *outbox.Evidence, *bool) {
+	pending, done := ptr(true), ptr(false)
+	pastRetention := s.cfg.LookupRetention > 0 && c.Age > s.cfg.LookupRetention
+	var ask []*route
 	for _, y := range s.routes {
 		if y == r {
 			continue
 		}
-		if !y.Provider.CanLookup() {
-			return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous, action: term, maybe: true, outcome: "ambiguous", letter: true,
-				errText: "an earlier attempt may be lost with its records, and provider " + y.Name + " of SMS_PROVIDERS, which may have the message, cannot be asked"}, nil, nil
+		if y.Provider.CanLookup() && !pastRetention {
+			ask = append(ask, y)
+			continue
 		}
+		if f.redelivered {
+			why := "cannot be asked"
+			if pastRetention {
+				why = "cannot tell after its lookup retention"
+			}
+			return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous, action: term, maybe: true, outcome: "ambiguous", letter: true,
+				errText: "an earlier attempt was lost with its records, and provider " + y.Name + " of SMS_PROVIDERS, which may have the message, " + why}, nil, nil, done
+		}
+	}
+	if len(ask) == 0 {
+		return v, nil, nil, done
+	}
+	if w := lookupWait(c, pol.settle); w > 0 {
+		// A request made just before the lease ran out may not show yet.
+		f.lookupWait = w
+		return deferLookup(f, pol), nil, nil, pending
+	}
+	q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
+	for _, y := range ask {
 		// Each lookup takes a token of its own: the claim's is the call's.
 		if !s.flowToken(ctx, deadline, y) {
-			return decideNoTime(f, false, pol), nil, nil
+			return decideNoTime(f, false, pol), nil, nil, pending
 		}
 		started := time.Now()
 		lr := y.Provider.Lookup(ctx, q)
@@ -421,9 +455,11 @@ func (s *Sender) askElsewhere(ctx context.Context, c outbox.Claim, r *route, v v
 		ev := &outbox.Evidence{Kind: "lookup", Result: result, ProviderRef: lv.ref, Detail: lookupDetail(lr),
 			ReceivedAt: time.Now(), Source: "sender"}
 		if result == "failed" {
-			return lv, nil, ev
+			return lv, nil, ev, pending
 		}
-		return lv, y, ev
+		return lv, y, ev, done
 	}
-	return v, nil, nil
+	return v, nil, nil, done
 }
+
+func ptr[T any](v T) *T { return &v }

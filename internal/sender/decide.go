@@ -41,6 +41,9 @@ type facts struct {
 	attempt, maxAttempts int
 	// maybeAccepted: an earlier attempt may have reached the provider.
 	maybeAccepted bool
+	// everywhere: an earlier claim found the row's records may have lost
+	// an attempt and could not yet ask every other provider.
+	everywhere bool
 	// lastDelivery: JetStream will not deliver this message again, so a
 	// retry cannot be handed back to it.
 	lastDelivery bool
@@ -91,7 +94,7 @@ func (f facts) looksUp() bool { return f.canLookup && !f.idempotent }
 // publication past the dedup window. With several providers, such a row
 // may be held by a provider it does not name.
 func (f facts) uncertain() bool {
-	return f.stale || f.republished || f.redelivered || f.beyondDedup
+	return f.stale || f.republished || f.redelivered || f.beyondDedup || f.everywhere
 }
 
 // doubtful reports whether an earlier attempt of the row may have reached
