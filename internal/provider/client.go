@@ -196,6 +196,20 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// newAdapter is New for a provider's own API, which honours no key of ours
+// and documents no 503 as taking nothing: only a request that never had a
+// connection, or a status the adapter lists as refused, is certainly not
+// taken there.
+func newAdapter(cfg Config) (*Client, error) {
+	cfg.Idempotent = false
+	c, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.unavailableTakesNothing = false
+	return c, nil
+}
+
 // Idempotent reports whether the provider honours idempotency keys.
 func (c *Client) Idempotent() bool { return c.cfg.Idempotent }
 

@@ -277,6 +277,15 @@ func (c Settings) Client(maxConns int) (*Client, error) {
 	return c.client(c.Kind, maxConns)
 }
 
+// baseFor returns an adapter's base URL: its own setting, or SMS_API_BASE
+// when it is the only provider (SMS_PROVIDERS unset).
+func (c Settings) baseFor(own string) string {
+	if own == "" && !c.Failover() {
+		return c.BaseURL
+	}
+	return own
+}
+
 func (c Settings) client(kind string, maxConns int) (*Client, error) {
 	codes, err := parseCodes(c.PermanentCodes)
 	if err != nil {
@@ -285,10 +294,7 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 	var cl *Client
 	switch kind {
 	case "vonage":
-		base := c.VonageBaseURL
-		if base == "" && !c.Failover() {
-			base = c.BaseURL
-		}
+		base := c.baseFor(c.VonageBaseURL)
 		cl, err = NewVonage(VonageConfig{
 			BaseURL: base, APIKey: c.VonageKey, APISecret: c.VonageSecret, From: c.VonageFrom,
 			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
@@ -297,19 +303,13 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			return nil, fmt.Errorf("SMS_PROVIDER=vonage: %w", err)
 		}
 	case "sinch":
-		base := c.SinchBaseURL
-		if base == "" && !c.Failover() {
-			base = c.BaseURL
-		}
+		base := c.baseFor(c.SinchBaseURL)
 		cl, err = NewSinch(SinchConfig{
 			BaseURL: base, ServicePlanID: c.SinchPlanID, APIToken: c.SinchToken, From: c.SinchFrom,
 			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
 	case "telnyx":
-		base := c.TelnyxBaseURL
-		if base == "" && !c.Failover() {
-			base = c.BaseURL
-		}
+		base := c.baseFor(c.TelnyxBaseURL)
 		cl, err = NewTelnyx(TelnyxConfig{
 			BaseURL: base, APIKey: c.TelnyxKey, From: c.TelnyxFrom, MessagingProfileID: c.TelnyxProfile,
 			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
@@ -318,10 +318,7 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			return nil, fmt.Errorf("SMS_PROVIDER=telnyx: %w", err)
 		}
 	case "twilio":
-		base := c.TwilioBaseURL
-		if base == "" && !c.Failover() {
-			base = c.BaseURL
-		}
+		base := c.baseFor(c.TwilioBaseURL)
 		cl, err = NewTwilio(TwilioConfig{
 			BaseURL: base, AccountSID: c.TwilioSID, AuthToken: c.TwilioToken, From: c.TwilioFrom,
 			MessagingServiceSID: c.TwilioService, Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns,

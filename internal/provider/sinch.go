@@ -118,11 +118,10 @@ func NewSinch(cfg SinchConfig) (*Client, error) {
 	}
 	cfg.LookupPageSize = cmp.Or(cfg.LookupPageSize, 100)
 	cfg.LookupPages = cmp.Or(cfg.LookupPages, DefaultSinchLookupPages)
-	c, err := New(Config{
+	c, err := newAdapter(Config{
 		BaseURL:        cmp.Or(cfg.BaseURL, "https://us.sms.api.sinch.com"),
 		Timeout:        cfg.Timeout,
 		ConnectTimeout: cfg.ConnectTimeout,
-		Idempotent:     false,
 		PermanentCodes: cfg.PermanentCodes,
 		MaxConns:       cfg.MaxConns,
 		MaxRetryAfter:  cfg.MaxRetryAfter,
@@ -132,9 +131,6 @@ func NewSinch(cfg SinchConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Only a request that never left is certainly not taken here: Sinch
-	// documents no status as taking nothing.
-	c.unavailableTakesNothing = false
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/xms/v1/" + url.PathEscape(cfg.ServicePlanID) + "/batches"
 	c.auth = "Bearer " + cfg.APIToken
 	c.refField = "id"

@@ -106,11 +106,10 @@ func NewTelnyx(cfg TelnyxConfig) (*Client, error) {
 	case cfg.Lookup:
 		return nil, ErrTelnyxNoLookup
 	}
-	c, err := New(Config{
+	c, err := newAdapter(Config{
 		BaseURL:        cmp.Or(cfg.BaseURL, "https://api.telnyx.com"),
 		Timeout:        cfg.Timeout,
 		ConnectTimeout: cfg.ConnectTimeout,
-		Idempotent:     false,
 		PermanentCodes: cfg.PermanentCodes,
 		MaxConns:       cfg.MaxConns,
 		MaxRetryAfter:  cfg.MaxRetryAfter,
@@ -120,9 +119,6 @@ func NewTelnyx(cfg TelnyxConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Only a request that never left is certainly not taken here: Telnyx
-	// documents no status as taking nothing.
-	c.unavailableTakesNothing = false
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/v2/messages"
 	c.auth = "Bearer " + cfg.APIKey
 	c.refOf = telnyxRef

@@ -94,11 +94,10 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 	}
 	cfg.LookupPageSize = cmp.Or(cfg.LookupPageSize, DefaultTwilioLookupPageSize)
 	cfg.LookupPages = cmp.Or(cfg.LookupPages, DefaultTwilioLookupPages)
-	c, err := New(Config{
+	c, err := newAdapter(Config{
 		BaseURL:        cmp.Or(cfg.BaseURL, "https://api.twilio.com"),
 		Timeout:        cfg.Timeout,
 		ConnectTimeout: cfg.ConnectTimeout,
-		Idempotent:     false,
 		PermanentCodes: cfg.PermanentCodes,
 		MaxConns:       cfg.MaxConns,
 		MaxRetryAfter:  cfg.MaxRetryAfter,
@@ -108,9 +107,6 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Only a request that never left, or a documented refusal, is
-	// certainly not taken here.
-	c.unavailableTakesNothing = false
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json"
 	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.AccountSID+":"+cfg.AuthToken))
 	c.refField = "sid"

@@ -93,11 +93,10 @@ func NewVonage(cfg VonageConfig) (*Client, error) {
 	case cfg.Lookup:
 		return nil, ErrVonageNoLookup
 	}
-	c, err := New(Config{
+	c, err := newAdapter(Config{
 		BaseURL:        cmp.Or(cfg.BaseURL, "https://api.nexmo.com"),
 		Timeout:        cfg.Timeout,
 		ConnectTimeout: cfg.ConnectTimeout,
-		Idempotent:     false,
 		PermanentCodes: cfg.PermanentCodes,
 		MaxConns:       cfg.MaxConns,
 		MaxRetryAfter:  cfg.MaxRetryAfter,
@@ -107,9 +106,6 @@ func NewVonage(cfg VonageConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Only a request that never left, or a documented refusal, is
-	// certainly not taken here.
-	c.unavailableTakesNothing = false
 	from := strings.TrimPrefix(cfg.From, "+")
 	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.APIKey+":"+cfg.APISecret))
 	c.refField = "message_uuid"
