@@ -1,4 +1,2 @@
-REVOKE SELECT (id, provider, outcome) ON sms_attempts FROM sendonce_sender;
-ALTER TABLE sms_outbox DROP COLUMN IF EXISTS lookup_everywhere;
 ALTER TABLE sms_attempts DROP COLUMN IF EXISTS provider;
 ALTER TABLE sms_outbox DROP COLUMN IF EXISTS provider;

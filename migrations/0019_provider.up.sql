@@ -9,15 +9,7 @@
 -- row version.
 ALTER TABLE sms_outbox ADD COLUMN IF NOT EXISTS provider text;
 ALTER TABLE sms_attempts ADD COLUMN IF NOT EXISTS provider text;
--- lookup_everywhere: a claim found that the row's records may have lost an
--- attempt (and so a move to another provider), and could not yet hear
--- "none" from every other provider: the next claim asks them first, even
--- if nothing else about it is in doubt.
-ALTER TABLE sms_outbox ADD COLUMN IF NOT EXISTS lookup_everywhere boolean NOT NULL DEFAULT false;
 
-GRANT SELECT (provider, lookup_everywhere), UPDATE (provider, lookup_everywhere) ON sms_outbox TO sendonce_sender;
--- A claim that finds no provider on an attempted row takes the one its
--- calls went to.
-GRANT SELECT (id, provider, outcome) ON sms_attempts TO sendonce_sender;
+GRANT SELECT (provider), UPDATE (provider) ON sms_outbox TO sendonce_sender;
 GRANT SELECT (provider) ON sms_outbox TO sendonce_relay;
 GRANT SELECT (provider) ON sms_outbox TO sendonce_console;
