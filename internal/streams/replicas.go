@@ -259,24 +259,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, s Settings, log *slog.Lo
 		}
 		return topo, nil
 	}
-	var changed []string
-	err = retryUnanswered(ctx, func(ctx context.Context) (err error) {
-		changed, err = topo.Ensure(ctx, js)
-		return err
-	})
+	changed, err := topo.EnsureWait(ctx, js)
 	if err != nil {
 		return nil, err
 	}
 	if more != nil {
-		var extra []string
-		err = retryUnanswered(ctx, func(ctx context.Context) (err error) {
-			extra, err = more(ctx, js)
+		err = retryUnanswered(ctx, func(ctx context.Context) error {
+			extra, err := more(ctx, js)
+			changed = append(changed, extra...)
 			return err
 		})
 		if err != nil {
 			return nil, err
 		}
-		changed = append(changed, extra...)
 	}
 	for _, c := range changed {
 		log.Info("nats topology", "change", c)
@@ -288,16 +283,47 @@ func Setup(ctx context.Context, js jetstream.JetStream, s Settings, log *slog.Lo
 // lost in a leader election is sent again rather than waited on.
 const attemptTimeout = 5 * time.Second
 
+// placementWait bounds how long a start-up request waits for the cluster to
+// know its peers before "peer offline" is taken as the answer.
+const placementWait = 30 * time.Second
+
+// EnsureWait is Ensure for a process starting up, perhaps beside a broker
+// that is starting too: it sends again a request nobody answered until ctx
+// ends, and one refused because a peer is offline for up to 30 seconds. It
+// returns every change made, across its attempts.
+func (t *Topology) EnsureWait(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	var changed []string
+	err := retryUnanswered(ctx, func(ctx context.Context) error {
+		c, err := t.Ensure(ctx, js)
+		changed = append(changed, c...)
+		return err
+	})
+	return changed, err
+}
+
 // retryUnanswered runs fn until it succeeds, fails with an answer, or ctx
 // ends. A request nobody answered (a stream or meta leader election, a
 // server restarting: a timeout, no responders, "JetStream system
-// temporarily unavailable") is not an answer.
+// temporarily unavailable") is not an answer; nor, for placementWait, is
+// "no suitable peers ... peer offline", which a cluster that has just
+// started gives until its meta leader has heard from every peer.
 func retryUnanswered(ctx context.Context, fn func(context.Context) error) error {
+	var offlineSince time.Time
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		err := fn(actx)
 		cancel()
-		if err == nil || !Unanswered(err) || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if placementPending(err) {
+			if offlineSince.IsZero() {
+				offlineSince = time.Now()
+			}
+			if time.Since(offlineSince) >= placementWait {
+				return err
+			}
+		} else if !Unanswered(err) {
 			return err
 		}
 		select {
@@ -306,6 +332,16 @@ func retryUnanswered(ctx context.Context, fn func(context.Context) error) error 
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// placementPending reports whether err is the server refusing to place
+// replicas because a peer it counts on is offline: in a cluster that has
+// just started, the meta leader counts a peer offline until the peer's
+// first statistics reach it, a second or so after its election.
+func placementPending(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10005 &&
+		strings.Contains(apiErr.Description, "peer offline")
 }
 
 // Unanswered reports whether err means JetStream gave no answer (a timeout,

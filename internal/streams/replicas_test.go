@@ -111,7 +111,7 @@ func TestEnsureScalesUpInPlace(t *testing.T) {
 	defer cancel()
 	r1, _ := streams.Default()
 	r3, _ := r1.WithReplicas(3)
-	if _, err := r1.Ensure(ctx, js); err != nil {
+	if _, err := r1.EnsureWait(ctx, js); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 50 {
@@ -137,7 +137,7 @@ func TestEnsureScalesUpInPlace(t *testing.T) {
 		t.Fatalf("Verify R3 on R1 = %q, want %q", diffs, wantDiffs)
 	}
 
-	changed, err := r3.Ensure(ctx, js)
+	changed, err := r3.EnsureWait(ctx, js)
 	want := []string{
 		"stream SMS updated (replicas 1 -> 3)",
 		"stream SMS_DLQ updated (replicas 1 -> 3)",
@@ -226,7 +226,7 @@ func TestLeaderChangeKeepsDedup(t *testing.T) {
 	defer cancel()
 	r3, _ := streams.Default()
 	r3, _ = r3.WithReplicas(3)
-	if _, err := r3.Ensure(ctx, js); err != nil {
+	if _, err := r3.EnsureWait(ctx, js); err != nil {
 		t.Fatal(err)
 	}
 	keeper, err := streams.NewKeeper(streams.KeeperConfig{Topology: r3, JetStream: js, Ensure: true, Logger: logger(t)})
@@ -293,4 +293,23 @@ func consumers(t *streams.Topology) []string {
 		}
 	}
 	return out
+}
+
+func TestPlacementPending(t *testing.T) {
+	offline := &jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement, peer offline"}
+	tooFew := &jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement, insufficient resources"}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{offline, true},
+		{fmt.Errorf("stream SMS: %w", offline), true},
+		{tooFew, false},
+		{&jetstream.APIError{Code: 500, ErrorCode: 10074}, false},
+		{context.DeadlineExceeded, false},
+	} {
+		if got := streams.PlacementPending(tc.err); got != tc.want {
+			t.Errorf("PlacementPending(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
 }

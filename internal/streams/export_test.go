@@ -1,0 +1,4 @@
+package streams
+
+// PlacementPending exposes placementPending to the external tests.
+var PlacementPending = placementPending
