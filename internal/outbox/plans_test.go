@@ -175,3 +175,45 @@ func TestGenericPlansLeaveTheDSNsChoice(t *testing.T) {
 		t.Fatalf("plan_cache_mode %q, want the DSN's force_custom_plan", mode)
 	}
 }
+
+// The relay marks a batch queued through the primary key, reading no
+// other row: Postgres's own costs hash every pending row of a table of
+// tens of thousands instead, in the relay's transaction, once a batch.
+func TestMarkQueuedReadsOnlyItsBatch(t *testing.T) {
+	t.Parallel()
+	_, url := pgtest.NewPool(t)
+	cfg, err := outbox.PoolConfig(url, outbox.NoPooler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	pgtest.LoadRows(t, pool, 20000, "pending")
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	batch, err := outbox.ClaimPending(ctx, tx, 500)
+	if err != nil || len(batch) != 500 {
+		t.Fatalf("ClaimPending = %d rows, %v", len(batch), err)
+	}
+	ids, seqs := make([]uuid.UUID, len(batch)), make([]int64, len(batch))
+	for i, p := range batch {
+		ids[i], seqs[i] = p.ID, int64(i+1)
+	}
+	if n, err := outbox.MarkQueued(ctx, tx, ids, seqs); err != nil || n != 500 {
+		t.Fatalf("MarkQueued = %d, %v", n, err)
+	}
+	var read int64
+	if err := tx.QueryRow(ctx, `SELECT seq_tup_read FROM pg_stat_xact_user_tables WHERE relid = 'sms_outbox'::regclass`).Scan(&read); err != nil {
+		t.Fatal(err)
+	}
+	if read != 0 {
+		t.Fatalf("the relay's transaction read %d rows of sms_outbox in sequential scans for a batch of 500", read)
+	}
+}

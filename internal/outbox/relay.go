@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Pending is a row the relay has claimed for publication.
@@ -56,7 +57,8 @@ func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) 
 
 // MarkQueued moves the rows ids, whose publication JetStream acknowledged at
 // stream sequences seqs, from pending to queued, and returns how many rows it
-// moved.
+// moved. It turns hash and merge joins off for the rest of tx (see
+// nestedLoopsSQL): call it last.
 func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, seqs []int64) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
@@ -64,14 +66,36 @@ func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, seqs []int64) (
 	if len(seqs) != len(ids) {
 		return 0, fmt.Errorf("outbox: mark queued: %d ids but %d sequences", len(ids), len(seqs))
 	}
-	tag, err := tx.Exec(ctx, `UPDATE sms_outbox o SET status = 'queued', stream_seq = v.seq, updated_at = now()
+	b := &pgx.Batch{}
+	b.Queue(nestedLoopsSQL)
+	b.Queue(`UPDATE sms_outbox o SET status = 'queued', stream_seq = v.seq, updated_at = now()
 		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, seq)
 		WHERE o.id = v.id AND o.status = 'pending'`, uuidArray(ids), seqs)
+	br := tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: mark queued: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
+
+// nestedLoopsSQL makes the rest of a transaction join a batch of ids to
+// sms_outbox row by row through the primary key. Left to its costs, Postgres
+// joins a relay batch (hundreds of ids) to a table of tens of thousands of
+// pending rows by hashing all of them: a random page read is costed at four
+// sequential ones, and the pages are in memory. make bench measured the
+// hash join at 3.3 times the bare relay's Postgres time for the same
+// statement; psql, 500 ids against 20,000 pending rows: 14-16 ms hashed,
+// 9.5-10 ms looped. On a table too large to hash, the loop is the plan
+// anyway.
+const nestedLoopsSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
 
 // uuidArray returns ids as [16]byte values, which pgx encodes directly in
 // binary. uuid.UUID is a driver.Valuer, so pgx would otherwise encode each
