@@ -119,7 +119,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 		return err
 	}
 	defer tel.Stop()
-	pool, err := service.OpenDatabase(ctx, c.Database, service.Options{Telemetry: tel, Name: "sendonce-receiver", MinConns: 2}, log)
+	pool, err := service.OpenDatabase(ctx, c.Database, service.Options{Telemetry: tel, Name: "sendonce-receiver", MinConns: 2, GenericPlans: true}, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("receiver stopped before it started", "err", err)
