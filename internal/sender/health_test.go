@@ -75,3 +75,31 @@ func TestReadyFollowsTheSendersProgress(t *testing.T) {
 		t.Fatalf("Ready = %v, want the failing claims named", err)
 	}
 }
+
+// A sender stopped while it starts (a SIGTERM right after its start-up
+// line, before it has looked up its consumers) stops cleanly: it had taken
+// nothing, and its exit must not read as a failure.
+func TestStopWhileStartingIsClean(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://sendonce@127.0.0.1:1/nothing?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t)
+	_, js := srv.Connect(t)
+	p, err := provider.New(provider.Config{BaseURL: "http://127.0.0.1:1", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sender.New(sender.Config{Pool: pool, JetStream: js, Provider: p, DBTimeout: 500 * time.Millisecond, ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); err != nil {
+		t.Fatalf("Run stopped before it started = %v, want nil", err)
+	}
+}

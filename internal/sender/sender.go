@@ -128,6 +128,9 @@ func (s *Sender) Run(ctx context.Context) error {
 	// heartbeats from its arrival, and fetches one when it has room.
 	ls, err := s.newLanes(ctx, s.cfg.ClaimBatch)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: nothing was taken yet
+		}
 		return err
 	}
 	// The lanes hold nothing yet (no pull went out): an error here leaves
@@ -141,6 +144,9 @@ func (s *Sender) Run(ctx context.Context) error {
 		err := s.horizon.refresh(hctx)
 		cancel()
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("sender: read stream %s: %w", s.cfg.Stream, err)
 		}
 	}
