@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/provider"
@@ -21,23 +22,7 @@ import (
 func TestReadyFollowsTheSendersProgress(t *testing.T) {
 	t.Parallel()
 	const stall = 300 * time.Millisecond
-	// A database nobody listens for: every claim fails.
-	pool, err := pgxpool.New(context.Background(), "postgres://sendonce@127.0.0.1:1/nothing?connect_timeout=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	srv := natstest.Start(t)
-	srv.EnsureTopology(t)
-	_, js := srv.Connect(t)
-	p, err := provider.New(provider.Config{BaseURL: "http://127.0.0.1:1", Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := sender.New(sender.Config{Pool: pool, JetStream: js, Provider: p, DBTimeout: 500 * time.Millisecond, ShutdownTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, js := cutOffSender(t)
 	if err := s.Ready(stall); err == nil {
 		t.Fatal("ready before Run")
 	}
@@ -70,7 +55,7 @@ func TestReadyFollowsTheSendersProgress(t *testing.T) {
 	if _, err := js.Publish(context.Background(), "sms.send", payload); err != nil {
 		t.Fatal(err)
 	}
-	err = waitReady("unready while claims fail", func(err error) bool { return err != nil })
+	err := waitReady("unready while claims fail", func(err error) bool { return err != nil })
 	if !strings.Contains(err.Error(), "postgres") {
 		t.Fatalf("Ready = %v, want the failing claims named", err)
 	}
@@ -81,6 +66,19 @@ func TestReadyFollowsTheSendersProgress(t *testing.T) {
 // nothing, and its exit must not read as a failure.
 func TestStopWhileStartingIsClean(t *testing.T) {
 	t.Parallel()
+	s, _ := cutOffSender(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); err != nil {
+		t.Fatalf("Run stopped before it started = %v, want nil", err)
+	}
+}
+
+// cutOffSender returns a sender on a fresh NATS server with the topology,
+// whose database nobody listens for (every claim fails) and whose
+// provider refuses connections, and the server's JetStream.
+func cutOffSender(t *testing.T) (*sender.Sender, jetstream.JetStream) {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), "postgres://sendonce@127.0.0.1:1/nothing?connect_timeout=1")
 	if err != nil {
 		t.Fatal(err)
@@ -97,9 +95,5 @@ func TestStopWhileStartingIsClean(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := s.Run(ctx); err != nil {
-		t.Fatalf("Run stopped before it started = %v, want nil", err)
-	}
+	return s, js
 }
