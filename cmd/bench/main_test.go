@@ -275,3 +275,19 @@ func TestCommitsLessPolls(t *testing.T) {
 		t.Fatal("since a failed sample: want nil")
 	}
 }
+
+func TestWALSplit(t *testing.T) {
+	rels := perMessage([]walTotal{
+		{relation: "sms_outbox", records: 60_000, bytes: 19_000_000, fpi: 3_000_000},
+		{relation: "sms_outbox_inflight_idx", records: 40_000, bytes: 2_700_000},
+		{relation: otherRecords, records: 2_000, bytes: 60_000},
+		{relation: "pg_statistic", records: 1, bytes: 8_000},
+	}, 20_000)
+	if got := rels[0]; got.Bytes != 950 || got.Records != 3 || got.FullPageBytes != 150 {
+		t.Fatalf("sms_outbox per message = %+v, want 950 B, 3 records, 150 B of full pages", got)
+	}
+	const want = "sms_outbox 950, sms_outbox_inflight_idx 135, commits and other 3"
+	if got := walSplit(rels); got != want {
+		t.Fatalf("walSplit = %q, want %q", got, want)
+	}
+}

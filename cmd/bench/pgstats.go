@@ -71,6 +71,11 @@ type pgActivity struct {
 	WALBytesPerMsg   float64 `json:"wal_bytes_per_msg"`
 	WALRecordsPerMsg float64 `json:"wal_records_per_msg"`
 	WALSource        string  `json:"wal_source"`
+	// WALByRelation splits the bench database's WAL per message by the
+	// relation a record touches, largest first ("commits and other" for
+	// the records that touch none, such as the commits): where the WAL
+	// goes, which the totals do not say. Only with pg_walinspect.
+	WALByRelation []relationWAL `json:"wal_by_relation,omitempty"`
 	// ServerWALBytesPerMsg and ServerWALRecordsPerMsg are the whole
 	// server's WAL per message (pg_stat_wal), other databases included.
 	ServerWALBytesPerMsg   float64 `json:"server_wal_bytes_per_msg"`
@@ -119,16 +124,24 @@ func (b *bench) endPG(ctx context.Context, tag string, pg0 pgSample, msgs int) *
 	pg1 := b.readPG(ctx)
 	a := pg1.since(pg0, msgs)
 	if a != nil {
-		recs, bytes, err := b.databaseWAL(ctx, pg0, pg1)
+		rels, err := b.databaseWAL(ctx, pg0, pg1)
 		b.releaseWAL()
 		if err == nil {
+			var recs, bytes int64
+			for _, r := range rels {
+				recs, bytes = recs+r.records, bytes+r.bytes
+			}
 			a.WALRecordsPerMsg, a.WALBytesPerMsg = float64(recs)/float64(msgs), float64(bytes)/float64(msgs)
 			a.WALSource = "pg_walinspect: the records of the bench database's relations and of its transactions"
+			a.WALByRelation = perMessage(rels, msgs)
 		} else {
 			b.logf("[%s] WAL of the bench database alone unknown (%v): the figures are the whole server's", tag, err)
 		}
 		b.logf("[%s] postgres: %.2f commits, %.2f row updates, %.1f WAL records, %.0f WAL bytes per message; %d WAL syncs",
 			tag, a.CommitsPerMsg, float64(a.RowsUpdated)/float64(msgs), a.WALRecordsPerMsg, a.WALBytesPerMsg, a.WALSyncs)
+		if len(a.WALByRelation) > 0 {
+			b.logf("[%s] postgres: WAL bytes per message by relation: %s", tag, walSplit(a.WALByRelation))
+		}
 	}
 	return a
 }
@@ -144,25 +157,83 @@ func (b *bench) finishPG(ctx context.Context, tag string, pg0 pgSample, cpu cpuS
 	return a
 }
 
+// relationWAL is the WAL of one relation (or of no relation) per message.
+type relationWAL struct {
+	Relation string  `json:"relation"`
+	Bytes    float64 `json:"bytes"`
+	Records  float64 `json:"records"`
+	// FullPageBytes is the part of Bytes that is full-page images: the
+	// first change of each page after a checkpoint.
+	FullPageBytes float64 `json:"full_page_bytes"`
+}
+
+// walTotal is the WAL of one relation over a window.
+type walTotal struct {
+	relation            string
+	records, bytes, fpi int64
+}
+
+// otherRecords names the records that touch none of the bench database's
+// relations: its transactions' commits, mostly.
+const otherRecords = "commits and other"
+
+func perMessage(rels []walTotal, msgs int) []relationWAL {
+	n := float64(msgs)
+	out := make([]relationWAL, len(rels))
+	for i, r := range rels {
+		out[i] = relationWAL{Relation: r.relation, Bytes: float64(r.bytes) / n, Records: float64(r.records) / n, FullPageBytes: float64(r.fpi) / n}
+	}
+	return out
+}
+
+// walSplit formats a split for the log: every relation of 1 byte a message
+// or more, largest first.
+func walSplit(rels []relationWAL) string {
+	var parts []string
+	for _, r := range rels {
+		if r.Bytes >= 1 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", r.Relation, r.Bytes))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 // databaseWAL counts the WAL records, and their bytes, written between two
 // samples for the bench database alone: those that touch one of its
 // relations, and every other record of the transactions that wrote those
 // (their commits). pg_stat_wal counts the whole server's, other databases'
 // work included. It needs the pg_walinspect extension (created by the
 // bench when the server has it) and the WAL still on disk.
-func (b *bench) databaseWAL(ctx context.Context, from, to pgSample) (records, bytes int64, err error) {
-	if !from.ok || !to.ok || from.lsn == "" || to.lsn == "" {
-		return 0, 0, errors.New("no WAL positions")
+func (b *bench) databaseWAL(ctx context.Context, from, to pgSample) ([]walTotal, error) {
+	if !b.walInspect {
+		return nil, errors.New("pg_walinspect is not available")
 	}
+	if !from.ok || !to.ok || from.lsn == "" || to.lsn == "" {
+		return nil, errors.New("no WAL positions")
+	}
+	// A record's first block names its relation by file node; the
+	// scenario's relations still have theirs (they are emptied before the
+	// next scenario, which gives them new ones).
 	pattern := fmt.Sprintf("%%/%d/%%", to.dbOID)
-	err = b.pool.QueryRow(ctx, `WITH r AS (
-			SELECT xid::text AS xid, record_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+	rows, _ := b.pool.Query(ctx, `WITH r AS (
+			SELECT xid::text AS xid, record_length, fpi_length, block_ref FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
 		), mine AS (
 			SELECT DISTINCT xid FROM r WHERE block_ref LIKE $3 AND xid <> '0'
+		), kept AS (
+			SELECT record_length, fpi_length,
+			       CASE WHEN block_ref LIKE $3 THEN (regexp_match(block_ref, 'rel \d+/\d+/(\d+)'))[1]::oid END AS node
+			FROM r
+			WHERE block_ref LIKE $3 OR (xid <> '0' AND xid IN (SELECT xid FROM mine))
 		)
-		SELECT count(*), coalesce(sum(record_length), 0)::bigint FROM r
-		WHERE block_ref LIKE $3 OR (xid <> '0' AND xid IN (SELECT xid FROM mine))`, from.lsn, to.lsn, pattern).Scan(&records, &bytes)
-	return records, bytes, err
+		SELECT coalesce(c.relname, CASE WHEN k.node IS NULL THEN $4 ELSE 'file node ' || k.node END),
+		       count(*), coalesce(sum(k.record_length), 0)::bigint, coalesce(sum(k.fpi_length), 0)::bigint
+		FROM kept k LEFT JOIN pg_class c ON c.relfilenode = k.node AND c.relfilenode <> 0
+		GROUP BY 1 ORDER BY 3 DESC`, from.lsn, to.lsn, pattern, otherRecords)
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (walTotal, error) {
+		var t walTotal
+		err := r.Scan(&t.relation, &t.records, &t.bytes, &t.fpi)
+		return t, err
+	})
 }
 
 // holdWAL makes a temporary replication slot, on a connection of its
