@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -214,4 +216,42 @@ func TestRunShutdown(t *testing.T) {
 	if !conns.NC.IsClosed() {
 		t.Fatal("the NATS connection was not drained")
 	}
+}
+
+// gcPercent returns the collector's current target.
+func gcPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
+}
+
+func TestParseSetsGCPercentUnlessGOGC(t *testing.T) {
+	// Not parallel: the target is the process's, and t.Setenv forbids it.
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	parse := func(t *testing.T) {
+		t.Helper()
+		var c service.Settings
+		s := envflag.New("relay", testkit.EnvMap(map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1/db", "NATS_URL": "nats://127.0.0.1:4222"}), io.Discard)
+		service.Bind(s, &c, "")
+		if _, code := service.Parse("relay", s, nil, &c, io.Discard); code != 0 {
+			t.Fatalf("Parse exit code %d", code)
+		}
+	}
+	t.Run("unset", func(t *testing.T) {
+		t.Setenv("GOGC", "") // restored after the test
+		os.Unsetenv("GOGC")
+		debug.SetGCPercent(100)
+		parse(t)
+		if got := gcPercent(); got != service.GCPercent {
+			t.Fatalf("GC percent = %d, want %d", got, service.GCPercent)
+		}
+	})
+	t.Run("set", func(t *testing.T) {
+		t.Setenv("GOGC", "150")
+		debug.SetGCPercent(150) // what the runtime read from GOGC at start
+		parse(t)
+		if got := gcPercent(); got != 150 {
+			t.Fatalf("GC percent = %d with GOGC=150, want 150 kept", got)
+		}
+	})
 }
