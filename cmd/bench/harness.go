@@ -52,6 +52,8 @@ type bench struct {
 	// dies.
 	walInspect bool
 	walHold    *pgx.Conn
+	// dbLock holds the bench's lock on its database (holdDatabase).
+	dbLock *pgx.Conn
 	// procs are the processes of the scenario running now, stopped at its end
 	// (or by cleanup when the bench fails).
 	procs []*child
@@ -89,6 +91,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 
 	if _, err := proc.Run(ctx, filepath.Join(c.binDir, "relay"), []string{"migrate"},
 		[]string{"DATABASE_URL=" + c.databaseURL, "LOG_FORMAT=text", "LOG_LEVEL=warn"}); err != nil {
+		return nil, err
+	}
+	if err := b.holdDatabase(ctx); err != nil {
 		return nil, err
 	}
 	poolCfg, err := pgxpool.ParseConfig(c.databaseURL)
@@ -158,6 +163,34 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	return rep, errors.Join(errs...)
 }
 
+// benchLockKey names the bench's advisory lock (a session lock belongs
+// to one database, so benches on different databases do not meet).
+const benchLockKey = 0x62656e6368 // "bench"
+
+// holdDatabase takes the bench's lock on its database for the whole run,
+// on a connection of its own. A bench empties the database's tables
+// before each scenario, so a second one on the same database would empty
+// them under the first and spend its connections: two started a minute
+// apart both failed ("too many clients", "claim: 0 of 32 rows") and
+// their other figures mixed the two.
+func (b *bench) holdDatabase(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, b.cfg.databaseURL)
+	if err != nil {
+		return fmt.Errorf("-database-url: %w", err)
+	}
+	var held bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(benchLockKey)).Scan(&held); err != nil {
+		_ = conn.Close(ctx)
+		return fmt.Errorf("lock the bench database: %w", err)
+	}
+	if !held {
+		_ = conn.Close(ctx)
+		return fmt.Errorf("another bench is running on database %s: give this one a database of its own (-database-url / BENCH_DATABASE_URL)", b.dbName)
+	}
+	b.dbLock = conn
+	return nil
+}
+
 // cleanup stops what is still running and removes the logs unless they
 // are wanted.
 func (b *bench) cleanup(failed bool) {
@@ -165,6 +198,12 @@ func (b *bench) cleanup(failed bool) {
 	b.releaseWAL()
 	if b.pool != nil {
 		b.pool.Close()
+	}
+	if b.dbLock != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = b.dbLock.Close(ctx)
+		cancel()
+		b.dbLock = nil
 	}
 	if b.logDir != "" && !failed && !b.cfg.keepLogs {
 		_ = os.RemoveAll(b.logDir)

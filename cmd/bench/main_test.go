@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"os"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/testkit"
 )
 
@@ -290,4 +292,25 @@ func TestWALSplit(t *testing.T) {
 	if got := walSplit(rels); got != want {
 		t.Fatalf("walSplit = %q, want %q", got, want)
 	}
+}
+
+// A second bench on a database another bench is using stops at once,
+// naming the reason, and the database is free again when the first ends.
+func TestOneBenchADatabase(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	first := &bench{cfg: config{databaseURL: url}, dbName: "the first's"}
+	if err := first.holdDatabase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := &bench{cfg: config{databaseURL: url}, dbName: "the first's"}
+	err := second.holdDatabase(ctx)
+	if err == nil || !strings.Contains(err.Error(), "another bench is running") {
+		t.Fatalf("second bench: err = %v, want another bench is running", err)
+	}
+	first.cleanup(false)
+	if err := second.holdDatabase(ctx); err != nil {
+		t.Fatalf("after the first ended: %v", err)
+	}
+	second.cleanup(false)
 }
