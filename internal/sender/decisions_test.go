@@ -5,12 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/provider"
-	"github.com/sendonce/sendonce/internal/sender"
 )
 
 // A message finished without a provider call (here: one that did not come
@@ -18,23 +13,8 @@ import (
 // error ratios are computed over, counts only calls made.
 func TestDecisionsAreNotAttempts(t *testing.T) {
 	t.Parallel()
-	pool, err := pgxpool.New(context.Background(), "postgres://sendonce@127.0.0.1:1/nothing?connect_timeout=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	srv := natstest.Start(t)
-	srv.EnsureTopology(t)
-	_, js := srv.Connect(t)
-	p, err := provider.New(provider.Config{BaseURL: "http://127.0.0.1:1", Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
-	s, err := sender.New(sender.Config{Pool: pool, JetStream: js, Provider: p, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, js := cutOffSender(t, reg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/provider"
@@ -22,7 +23,7 @@ import (
 func TestReadyFollowsTheSendersProgress(t *testing.T) {
 	t.Parallel()
 	const stall = 300 * time.Millisecond
-	s, js := cutOffSender(t)
+	s, js := cutOffSender(t, nil)
 	if err := s.Ready(stall); err == nil {
 		t.Fatal("ready before Run")
 	}
@@ -66,7 +67,7 @@ func TestReadyFollowsTheSendersProgress(t *testing.T) {
 // nothing, and its exit must not read as a failure.
 func TestStopWhileStartingIsClean(t *testing.T) {
 	t.Parallel()
-	s, _ := cutOffSender(t)
+	s, _ := cutOffSender(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := s.Run(ctx); err != nil {
@@ -76,8 +77,9 @@ func TestStopWhileStartingIsClean(t *testing.T) {
 
 // cutOffSender returns a sender on a fresh NATS server with the topology,
 // whose database nobody listens for (every claim fails) and whose
-// provider refuses connections, and the server's JetStream.
-func cutOffSender(t *testing.T) (*sender.Sender, jetstream.JetStream) {
+// provider refuses connections, and the server's JetStream. reg, when not
+// nil, receives its metrics.
+func cutOffSender(t *testing.T, reg prometheus.Registerer) (*sender.Sender, jetstream.JetStream) {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), "postgres://sendonce@127.0.0.1:1/nothing?connect_timeout=1")
 	if err != nil {
@@ -91,7 +93,7 @@ func cutOffSender(t *testing.T) (*sender.Sender, jetstream.JetStream) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sender.New(sender.Config{Pool: pool, JetStream: js, Provider: p, DBTimeout: 500 * time.Millisecond, ShutdownTimeout: time.Second})
+	s, err := sender.New(sender.Config{Pool: pool, JetStream: js, Provider: p, DBTimeout: 500 * time.Millisecond, ShutdownTimeout: time.Second, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
