@@ -2,7 +2,6 @@ package sender
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -36,7 +35,7 @@ func (h held) answer(fn func(jetstream.Msg)) {
 // no token: one taken while idle would be spent later, on top of what the
 // sender's share then allows. It returns when ctx is done (after the batch
 // in hand is claimed).
-func (s *Sender) claimLoop(ctx, hold context.Context, ls *lanes, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
+func (s *Sender) claimLoop(ctx, hold context.Context, ls *lanes, slots chan struct{}, results chan<- result, work chan<- func()) {
 	batch := make([]held, 0, s.cfg.ClaimBatch)
 	for {
 		select {
@@ -103,7 +102,7 @@ func (s *Sender) claimLoop(ctx, hold context.Context, ls *lanes, slots chan stru
 		if linger != nil {
 			linger.Stop()
 		}
-		s.claimBatch(ctx, hold, batch, slots, results, workers)
+		s.claimBatch(ctx, hold, batch, slots, results, work)
 	}
 }
 
@@ -128,9 +127,10 @@ func (s *Sender) returnToken() {
 }
 
 // claimBatch claims the rows of batch, which holds one slot per message, and
-// starts a worker per claimed row; every other message gets its answer here
-// and gives its slot back.
-func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan struct{}, results chan<- result, workers *sync.WaitGroup) {
+// hands each claimed row's attempt to the workers (work, never full: it holds
+// at most one attempt a slot); every other message gets its answer here and
+// gives its slot back.
+func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan struct{}, results chan<- result, work chan<- func()) {
 	// release gives back the slot, and the token, of a message that makes
 	// no request.
 	release := func() {
@@ -197,15 +197,13 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		h := hs[0]
 		switch c.Result {
 		case outbox.Claimed, outbox.ClaimedStale:
-			workers.Add(1)
 			s.calling.Add(1)
-			go func() {
-				defer workers.Done()
+			work <- func() {
 				defer func() { <-slots }()
 				if !s.attempt(ctx, h, c, deadline, results) {
 					s.returnToken()
 				}
-			}()
+			}
 		case outbox.AlreadyTerminal:
 			// The guard that makes a redelivery or a late republication
 			// harmless: this row is finished, never call again.

@@ -194,9 +194,22 @@ func (s *Sender) Run(ctx context.Context) error {
 		s.publishLetters(hold)
 	}()
 
-	var workers sync.WaitGroup
+	// Attempts run on Concurrency workers that live as long as the loop,
+	// not on a goroutine each: an attempt's call through net/http needs a
+	// stack several times the size a goroutine starts with, and growing
+	// one for every message took about a tenth of a sender's CPU.
 	slots := make(chan struct{}, s.cfg.Concurrency)
-	s.claimLoop(ctx, hold, ls, slots, results, &workers)
+	work := make(chan func(), s.cfg.Concurrency)
+	var workers sync.WaitGroup
+	for range s.cfg.Concurrency {
+		workers.Go(func() {
+			for attempt := range work {
+				attempt()
+			}
+		})
+	}
+	s.claimLoop(ctx, hold, ls, slots, results, work)
+	close(work)
 
 	// Shutdown: stop fetching (the readers hand back what arrives from here
 	// on), give back what was fetched but not started, for another sender,
