@@ -27,7 +27,7 @@ func (h held) answer(fn func(jetstream.Msg)) {
 }
 
 // claimLoop takes messages as slots and tokens free up, the most urgent lane
-// first, claims them in batches and starts one worker per claimed row. The
+// first, claims them in batches and hands each claimed row to a worker. The
 // token is taken once a message waits, and before it is picked, so that the
 // message chosen is the most urgent one waiting when the provider may be
 // called, and before the row is claimed, so that a wait (a rate limit, a
