@@ -153,3 +153,56 @@ func BenchmarkWriteResults(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWriteSends is the common status write: a batch of first
+// attempts that were sent (no attempts-log record), written in a
+// transaction as ApplyResults does, or as one statement committed alone
+// (ApplySendsAlone), the way a sender writes such a batch. 25 is about
+// what a busy sender's write carries; the difference is the transaction's
+// two round trips.
+func BenchmarkWriteSends(b *testing.B) {
+	pool, _ := pgtest.NewPool(b)
+	const batch = 25
+	for _, way := range []string{"tx", "alone"} {
+		b.Run("way="+way, func(b *testing.B) {
+			ctx := context.Background()
+			var ids []uuid.UUID
+			rows := 0
+			results := make([]outbox.Result, batch)
+			for b.Loop() {
+				if len(ids) < batch {
+					b.StopTimer()
+					ids = pgtest.LoadRows(b, pool, benchRefill, string(outbox.StatusSending))
+					b.StartTimer()
+				}
+				for i, id := range ids[:batch] {
+					results[i] = outbox.Result{ID: id, Status: outbox.StatusSent, ProviderRef: "msg_" + id.String()[:12]}
+				}
+				var applied map[uuid.UUID]outbox.Written
+				var err error
+				if way == "alone" {
+					var ok bool
+					applied, ok, err = outbox.ApplySendsAlone(ctx, pool, results)
+					if !ok {
+						b.Fatal("ApplySendsAlone refused a batch of plain sends")
+					}
+				} else {
+					err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						var err error
+						applied, err = outbox.ApplyResults(ctx, tx, results, nil, false)
+						return err
+					})
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(applied) != batch {
+					b.Fatalf("wrote %d rows, want %d", len(applied), batch)
+				}
+				ids = ids[batch:]
+				rows += batch
+			}
+			b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
+}
