@@ -439,13 +439,11 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 			}
 			round = append(round, r)
 		}
-		var err error
+		apply := applyRound
 		if plainSends(round) {
-			err = applySends(ctx, tx, round, written)
-		} else {
-			err = applyRound(ctx, tx, round, written)
+			apply = applySends
 		}
-		if err != nil {
+		if err := apply(ctx, tx, round, written); err != nil {
 			return nil, err
 		}
 		rest = later
@@ -463,32 +461,6 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		return nil, err
 	}
 	return written, nil
-}
-
-// ApplySendsAlone writes a batch that is all plain sends (sent, with no
-// lookup, mark or refund) of distinct rows, and logs no attempt, as the one
-// statement ApplyResults would run for it, committed on its own: one round
-// trip to the database where a transaction takes three. ok is false, and
-// nothing is written, for any other batch. A row whose write missed its
-// claim is not in written; ApplyResults does the rest for it (its count,
-// when a failover lost the claim), and is the way to write it again after an
-// error, which leaves unknown whether the statement committed.
-func ApplySendsAlone(ctx context.Context, q Querier, results []Result) (written map[uuid.UUID]Written, ok bool, err error) {
-	if len(results) == 0 || !plainSends(results) {
-		return nil, false, nil
-	}
-	sorted := slices.Clone(results)
-	slices.SortFunc(sorted, func(a, b Result) int { return compareUUID(a.ID, b.ID) })
-	for i := 1; i < len(sorted); i++ {
-		if sorted[i].ID == sorted[i-1].ID {
-			return nil, false, nil
-		}
-	}
-	written = make(map[uuid.UUID]Written, len(sorted))
-	if err := applySends(ctx, q, sorted, written); err != nil {
-		return nil, true, err
-	}
-	return written, true, nil
 }
 
 // refundMissed gives back the attempt of a refunded result whose write
@@ -729,7 +701,7 @@ func plainSends(results []Result) bool {
 // sets for a sent result with no lookup, mark or refund; the other columns
 // keep their values), a quarter cheaper to plan and to run, measured with
 // bench -only pipeline.
-func applySends(ctx context.Context, q Querier, results []Result, written map[uuid.UUID]Written) error {
+func applySends(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
 	ids := make([][16]byte, len(results))
 	refs := make([]string, len(results))
 	var provs []string // nil when no result names a provider: the common case costs nothing more
@@ -748,7 +720,7 @@ func applySends(ctx context.Context, q Querier, results []Result, written map[uu
 	if provs != nil {
 		sql, args = applySendsNamedSQL, append(args, provs)
 	}
-	rows, _ := q.Query(ctx, sql, args...)
+	rows, _ := tx.Query(ctx, sql, args...)
 	if err := collectWritten(rows, written); err != nil {
 		return fmt.Errorf("outbox: write sends: %w", err)
 	}

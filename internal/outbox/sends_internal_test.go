@@ -10,11 +10,11 @@ import (
 	"github.com/sendonce/sendonce/internal/pgtest"
 )
 
-// applySends, in a transaction or committed alone (ApplySendsAlone), must
-// write exactly what applyRound writes for plain sends, whatever state it
-// finds a row in: each state is set up three times, one copy written each
-// way, and the rows and the answers compared column by column (the clock's
-// stamps by whether they moved: every row starts stamped in the past).
+// applySends must write exactly what applyRound writes for plain sends,
+// whatever state it finds a row in: each state is set up twice, one copy
+// written each way, and the rows and the answers compared column by column
+// (the clock's stamps by whether they moved: every row starts stamped in
+// the past).
 func TestApplySendsWritesWhatApplyRoundWrites(t *testing.T) {
 	pool, _ := pgtest.NewPool(t)
 	ctx := context.Background()
@@ -33,9 +33,9 @@ func TestApplySendsWritesWhatApplyRoundWrites(t *testing.T) {
 		{`status = 'unknown', end_reason = 'ambiguous', last_error = 'no answer'`, "msg_10"},
 		{`status = 'undelivered', provider_ref = 'msg_old', sent_at = now() - interval '1 hour'`, "msg_11"},
 	}
-	var general, fast, alone []Result
+	var general, fast []Result
 	for i, st := range states {
-		for _, into := range []*[]Result{&general, &fast, &alone} {
+		for _, into := range []*[]Result{&general, &fast} {
 			id := uuid.New()
 			// Stamped in the past, so that a write that forgets
 			// updated_at shows.
@@ -59,16 +59,9 @@ func TestApplySendsWritesWhatApplyRoundWrites(t *testing.T) {
 		}
 		return written
 	}
-	wg := write(applyRound, general)
-	wf := write(func(ctx context.Context, tx pgx.Tx, rs []Result, w map[uuid.UUID]Written) error {
-		return applySends(ctx, tx, rs, w)
-	}, fast)
-	wa, ok, err := ApplySendsAlone(ctx, pool, alone)
-	if err != nil || !ok {
-		t.Fatalf("ApplySendsAlone: ok %v, %v", ok, err)
-	}
-	if len(wg) != len(wf) || len(wg) != len(wa) {
-		t.Fatalf("applyRound wrote %d rows, applySends %d, ApplySendsAlone %d", len(wg), len(wf), len(wa))
+	wg, wf := write(applyRound, general), write(applySends, fast)
+	if len(wg) != len(wf) {
+		t.Fatalf("applyRound wrote %d rows, applySends %d", len(wg), len(wf))
 	}
 	// Every column but the id and the clock's stamps, which are compared
 	// by whether they moved.
@@ -85,14 +78,14 @@ func TestApplySendsWritesWhatApplyRoundWrites(t *testing.T) {
 		return vals
 	}
 	for i := range states {
-		g, f, a := general[i], fast[i], alone[i]
-		if wg[g.ID] != wf[f.ID] || wg[g.ID] != wa[a.ID] {
-			t.Errorf("state %d: applyRound answered %+v, applySends %+v, ApplySendsAlone %+v", i, wg[g.ID], wf[f.ID], wa[a.ID])
+		g, f := general[i], fast[i]
+		if wg[g.ID] != wf[f.ID] {
+			t.Errorf("state %d: applyRound answered %+v, applySends %+v", i, wg[g.ID], wf[f.ID])
 		}
-		rg, rf, ra := row(g.ID), row(f.ID), row(a.ID)
+		rg, rf := row(g.ID), row(f.ID)
 		for c := range rg {
-			if rg[c] != rf[c] || rg[c] != ra[c] {
-				t.Errorf("state %d (%s), column %d: applyRound left %v, applySends %v, ApplySendsAlone %v", i, states[i].set, c, rg[c], rf[c], ra[c])
+			if rg[c] != rf[c] {
+				t.Errorf("state %d (%s), column %d: applyRound left %v, applySends %v", i, states[i].set, c, rg[c], rf[c])
 			}
 		}
 	}
@@ -104,35 +97,5 @@ func TestApplySendsWritesWhatApplyRoundWrites(t *testing.T) {
 		if plainSends(append([]Result{{Status: StatusSent}}, r)) {
 			t.Errorf("plainSends takes %+v for a plain send", r)
 		}
-	}
-}
-
-// ApplySendsAlone writes nothing, and says so, for a batch that is not
-// plain sends of distinct rows: ApplyResults writes those.
-func TestApplySendsAloneRefusesOtherBatches(t *testing.T) {
-	pool, _ := pgtest.NewPool(t)
-	ctx := context.Background()
-	id := uuid.New()
-	if _, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status) VALUES ($1, '+15550000001', 'hi', 'sending')`, id); err != nil {
-		t.Fatal(err)
-	}
-	for name, rs := range map[string][]Result{
-		"empty":          nil,
-		"a retry":        {{ID: id, Status: StatusQueued}},
-		"a cautious one": {{ID: id, Status: StatusSent, MaybeAccepted: true}},
-		"the same row twice": {{ID: id, Status: StatusSent, ProviderRef: "a"},
-			{ID: id, Status: StatusSent, ProviderRef: "b"}},
-	} {
-		written, ok, err := ApplySendsAlone(ctx, pool, rs)
-		if ok || err != nil || written != nil {
-			t.Errorf("%s: ok %v, err %v, written %v", name, ok, err, written)
-		}
-	}
-	var status string
-	if err := pool.QueryRow(ctx, `SELECT status FROM sms_outbox WHERE id = $1`, id).Scan(&status); err != nil {
-		t.Fatal(err)
-	}
-	if status != "sending" {
-		t.Fatalf("a refused batch moved the row to %s", status)
 	}
 }

@@ -125,25 +125,6 @@ func (s *Sender) writeStatuses(hold context.Context, batch []result) (map[uuid.U
 		return nil, true
 	}
 	s.metrics.writeRows.Observe(float64(len(rows)))
-	// The common batch, sends and nothing else, is one statement: it
-	// commits alone. What it leaves (writes that missed their claim), or
-	// all of it after an error, goes through the transaction below.
-	var alone map[uuid.UUID]outbox.Written
-	if len(attempts) == 0 {
-		if written, ok := s.writeSendsAlone(hold, rows); ok {
-			if len(written) == len(rows) {
-				return written, true
-			}
-			alone = written
-			rest := make([]outbox.Result, 0, len(rows)-len(written))
-			for _, r := range rows {
-				if _, applied := written[r.ID]; !applied {
-					rest = append(rest, r)
-				}
-			}
-			rows = rest
-		}
-	}
 	for failures := 0; ; {
 		var written map[uuid.UUID]outbox.Written
 		ctx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
@@ -156,9 +137,6 @@ func (s *Sender) writeStatuses(hold context.Context, batch []result) (map[uuid.U
 		if err == nil {
 			if failures > 0 {
 				s.log.Info("status write committed after failures; the messages were held meanwhile", "failures", failures, "rows", len(rows))
-			}
-			for id, w := range alone {
-				written[id] = w
 			}
 			return written, true
 		}
@@ -173,23 +151,6 @@ func (s *Sender) writeStatuses(hold context.Context, batch []result) (map[uuid.U
 			return nil, false
 		}
 	}
-}
-
-// writeSendsAlone writes rows with outbox.ApplySendsAlone, and reports
-// false when they are not a batch it writes, or its statement failed: the
-// transaction then writes them, and tries again as long as it takes.
-func (s *Sender) writeSendsAlone(hold context.Context, rows []outbox.Result) (map[uuid.UUID]outbox.Written, bool) {
-	ctx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
-	defer cancel()
-	written, ok, err := outbox.ApplySendsAlone(ctx, s.cfg.Pool, rows)
-	if !ok {
-		return nil, false
-	}
-	if err != nil {
-		s.metrics.dbRetries.WithLabelValues("status_write").Inc()
-		return nil, false
-	}
-	return written, true
 }
 
 // accepted reports whether status says the provider took the message.
