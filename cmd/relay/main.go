@@ -233,6 +233,9 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 		// A connection per worker, plus the reconciler, retention, the
 		// monitor and the dependency gauge (the LISTEN connection is its own).
 		MinConns: int32(c.workers) + 4,
+		// Each batch's queued write is planned once per connection
+		// rather than once per batch, once the table is large.
+		GenericPlans: true,
 	}, log)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -209,8 +209,9 @@ type Options struct {
 	MinConns int32
 	// GenericPlans lets the pool's connections reuse generic plans once
 	// sms_outbox is large enough (outbox.AllowGenericPlans): for the
-	// senders, whose small batches would otherwise spend most of their
-	// Postgres time planning.
+	// senders and the receiver, whose small batches would otherwise spend
+	// most of their Postgres time planning, and the relay, which plans its
+	// queued write once per connection instead of once per batch.
 	GenericPlans bool
 	// PublishWindow and PublishAckTimeout bound asynchronous publications
 	// (the relay's); zero leaves the library's defaults.
