@@ -87,6 +87,10 @@ type Claim struct {
 	// does not find its previous delivery there may have lost it, with its
 	// outcome, to a failover.
 	PrevDelivery Delivery
+	// HandedBack is the last delivery a sender handed back without a claim
+	// (HandBack; set when claimed, zero when none was recorded): a
+	// redelivery whose previous delivery was handed back lost nothing.
+	HandedBack Delivery
 	// Provider is the provider the row belongs to (set when claimed; empty
 	// for a row claimed without Providers): every provider that may hold
 	// its message, since a row moves only where none can (Repin).
@@ -165,7 +169,7 @@ func ClaimForSendTo(ctx context.Context, q Querier, ids []uuid.UUID, from []Deli
 WITH cur AS (
 	SELECT o.id, o.status, o.claim_id,
 	       coalesce(o.lease_until, o.updated_at + $2::interval) AS lease_until, o.next_attempt_at,
-	       o.claim_seq, o.claim_delivery
+	       o.claim_seq, o.claim_delivery, o.handback_seq, o.handback_delivery
 	FROM sms_outbox o
 	WHERE o.id = ANY($1::uuid[])
 	ORDER BY o.id
@@ -201,7 +205,7 @@ SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT N
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
        coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
        clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, ''),
-       coalesce(upd.lookup_everywhere, false)
+       coalesce(upd.lookup_everywhere, false), coalesce(cur.handback_seq, 0), coalesce(cur.handback_delivery, 0)
 FROM cur
 LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary, each)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
@@ -220,9 +224,12 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 			now        time.Time
 			prevSeq    int64
 			prevCount  int32
+			backSeq    int64
+			backCount  int32
 		)
 		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
-			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount, &c.Provider, &c.LookupEverywhere); err != nil {
+			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount, &c.Provider, &c.LookupEverywhere,
+			&backSeq, &backCount); err != nil {
 			return c, err
 		}
 		switch {
@@ -242,6 +249,7 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 				c.LeaseEnded = max(0, now.Sub(*leaseUntil))
 			}
 			c.PrevDelivery = Delivery{Seq: uint64(max(prevSeq, 0)), Count: int(prevCount)}
+			c.HandedBack = Delivery{Seq: uint64(max(backSeq, 0)), Count: int(backCount)}
 		default:
 			c.Prev = State(*prev)
 			if c.Prev.Terminal() {
@@ -273,6 +281,48 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 		}
 	}
 	return claims, nil
+}
+
+// HandBack records, for each of ids, that the delivery from[i] of its
+// message goes back to JetStream unclaimed (a sender stopping gracefully,
+// or a delivery that met a live claim and backs off): it made no call, and
+// the next delivery of the message is not to be taken for one whose claim
+// a failover lost. It returns how many rows recorded it. A row records a
+// hand-back only when it accounts for the delivery before (its claim or
+// its own hand-back shows it) or the delivery is its message's first, and
+// only while it is unfinished; otherwise the row is left as it is, and the
+// next delivery's doubt stands. Rows are locked in id order, as claims
+// lock them. The caller hands the messages back after this returns, so a
+// redelivery never overtakes the record of the delivery before it.
+func HandBack(ctx context.Context, q Querier, ids []uuid.UUID, from []Delivery) (int64, error) {
+	if len(ids) != len(from) {
+		return 0, fmt.Errorf("outbox: record hand-backs: %d ids but %d deliveries", len(ids), len(from))
+	}
+	seqs, counts := make([]int64, len(ids)), make([]int32, len(ids))
+	for i, d := range from {
+		seqs[i], counts[i] = int64(min(d.Seq, 1<<62)), int32(min(d.Count, 1<<30))
+	}
+	tag, err := q.Exec(ctx, `
+WITH d AS (
+	SELECT DISTINCT ON (id) id, seq, delivery FROM unnest($1::uuid[], $2::bigint[], $3::int[]) AS d(id, seq, delivery)
+	WHERE seq > 0 AND delivery > 0
+	ORDER BY id, delivery DESC
+), cur AS (
+	SELECT o.id FROM sms_outbox o JOIN d USING (id)
+	WHERE o.status IN ('pending', 'queued', 'sending')
+	  AND (d.delivery = 1
+	       OR (o.claim_seq = d.seq AND o.claim_delivery = d.delivery - 1)
+	       OR (o.handback_seq = d.seq AND o.handback_delivery = d.delivery - 1))
+	ORDER BY o.id
+	FOR NO KEY UPDATE OF o
+)
+UPDATE sms_outbox o SET handback_seq = d.seq, handback_delivery = d.delivery
+FROM cur JOIN d USING (id)
+WHERE o.id = cur.id`, uuidArray(ids), seqs, counts)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: record hand-backs: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Repin moves a claimed row from the provider from to the provider to,

@@ -784,3 +784,62 @@ func TestFirstSentAttemptComesFromTheRow(t *testing.T) {
 		t.Errorf("pending: %s", got)
 	}
 }
+
+// A delivery handed back unclaimed is recorded where the row accounts for
+// the delivery before it, or for the first delivery of a message, so the
+// next delivery's claim shows it; a row that does not account for the
+// delivery before (a claim a failover lost) records nothing, and keeps
+// that doubt; a finished row records nothing.
+func TestHandBack(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	first := enqueue(t, pool, "+15551234567", "a")
+	chained := enqueue(t, pool, "+15551234568", "b")
+	lost := enqueue(t, pool, "+15551234569", "c")
+	done := enqueue(t, pool, "+15551234570", "d")
+	live := enqueue(t, pool, "+15551234571", "e")
+	// chained: claimed by delivery 3 of message 7, which wrote a retry.
+	exec(t, pool, `UPDATE sms_outbox SET status = 'queued', attempt_count = 1, claim_seq = 7, claim_delivery = 3 WHERE id = $1`, chained)
+	// lost: the row shows delivery 1 of message 9; delivery 2's claim was lost.
+	exec(t, pool, `UPDATE sms_outbox SET status = 'queued', attempt_count = 1, claim_seq = 9, claim_delivery = 1 WHERE id = $1`, lost)
+	exec(t, pool, `UPDATE sms_outbox SET status = 'sent', claim_seq = 11, claim_delivery = 1 WHERE id = $1`, done)
+	// live: another claim holds it, from delivery 1 of message 13; a
+	// second copy (message 14, delivery 1) backs off.
+	other := uuid.New()
+	exec(t, pool, `UPDATE sms_outbox SET status = 'sending', attempt_count = 1, claim_id = $2, lease_until = now() + interval '1 minute',
+		claim_seq = 13, claim_delivery = 1 WHERE id = $1`, live, other)
+
+	n, err := outbox.HandBack(ctx, pool,
+		[]uuid.UUID{first, chained, lost, done, live},
+		[]outbox.Delivery{{Seq: 5, Count: 1}, {Seq: 7, Count: 4}, {Seq: 9, Count: 3}, {Seq: 11, Count: 2}, {Seq: 14, Count: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Errorf("HandBack recorded %d rows, want 3 (first, chained, live)", n)
+	}
+	// A second hand-back continues the chain from the first.
+	if n, err := outbox.HandBack(ctx, pool, []uuid.UUID{chained}, []outbox.Delivery{{Seq: 7, Count: 5}}); err != nil || n != 1 {
+		t.Fatalf("second hand-back of chained = %d, %v; want 1", n, err)
+	}
+	// The claims that follow see what was handed back.
+	want := map[uuid.UUID]outbox.Delivery{
+		first: {Seq: 5, Count: 1}, chained: {Seq: 7, Count: 5}, lost: {},
+	}
+	for id, back := range want {
+		c := claimOne(t, pool, id, uuid.New())
+		if c.Result != outbox.Claimed || c.HandedBack != back {
+			t.Errorf("claim of %s: %v, handed back %+v; want claimed, handed back %+v", id, c.Result, c.HandedBack, back)
+		}
+	}
+	// The live claim was left alone: its token and lease hold.
+	var claim uuid.UUID
+	var seq, back int64
+	if err := pool.QueryRow(ctx, `SELECT claim_id, claim_seq, handback_seq FROM sms_outbox WHERE id = $1`, live).Scan(&claim, &seq, &back); err != nil {
+		t.Fatal(err)
+	}
+	if claim != other || seq != 13 || back != 14 {
+		t.Errorf("live row: claim %s seq %d, handed back from %d; want the other claim's, seq 13, 14", claim, seq, back)
+	}
+}

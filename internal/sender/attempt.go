@@ -73,7 +73,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
 		lastDelivery: s.lastDelivery(h.md), canLookup: p.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
-		redelivered: unaccounted(h.md, c.PrevDelivery), everywhere: c.LookupEverywhere,
+		redelivered: unaccounted(h.md, c.PrevDelivery, c.HandedBack), everywhere: c.LookupEverywhere,
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
 	if f.looksUp() || s.failover() {

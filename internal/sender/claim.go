@@ -186,12 +186,19 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		}
 		return
 	}
+	// Deliveries that back off without a claim are handed back once the
+	// batch is sorted out, recorded in their rows first.
+	var (
+		back   []held
+		delays []time.Duration
+	)
+	defer func() { s.handBack(hold, back, delays) }()
 	for _, c := range claims {
 		hs := byID[c.ID]
 		// A second copy of the same row in one batch (a republication)
 		// waits for the first copy's attempt like any concurrent delivery.
 		for _, h := range hs[1:] {
-			h.answer(func(m jetstream.Msg) { s.backOff(m, h.md, s.cfg.Lease) })
+			back, delays = append(back, h), append(delays, s.cfg.Lease)
 			release()
 		}
 		h := hs[0]
@@ -212,7 +219,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			release()
 		case outbox.Leased:
 			s.metrics.leased.Inc()
-			h.answer(func(m jetstream.Msg) { s.backOff(m, h.md, c.LeaseLeft+jitter(time.Second)) })
+			back, delays = append(back, h), append(delays, c.LeaseLeft+jitter(time.Second))
 			release()
 		case outbox.NotFound:
 			s.rejectInvalid(hold, h, c.ID, "no outbox row with this id")
@@ -268,16 +275,67 @@ func deliveryOf(md *jetstream.MsgMetadata) outbox.Delivery {
 }
 
 // unaccounted reports whether this delivery is a redelivery whose previous
-// delivery's claim the row does not show: that delivery backed off without
-// a claim (rare), or its claim and its outcome were lost with a
-// failed-over primary, and the row's history is not to be trusted. A row
-// that shows the previous delivery's claim shows what it did (a retry
-// written after a NakWithDelay, a lookup pending), and a row that shows
-// this very delivery's claim is a claim run again.
-func unaccounted(md *jetstream.MsgMetadata, prev outbox.Delivery) bool {
+// delivery the row does not account for: its claim and its outcome may
+// have been lost with a failed-over primary, and the row's history is not
+// to be trusted. A row accounts for the previous delivery when it shows
+// that delivery's claim (which shows what it did: a retry written after a
+// NakWithDelay, a lookup pending), or its hand-back (handed back unclaimed
+// at a graceful stop, or backed off from a live claim: no call); a row
+// that shows this very delivery's claim is a claim run again.
+func unaccounted(md *jetstream.MsgMetadata, prev, back outbox.Delivery) bool {
 	if md == nil || md.NumDelivered <= 1 {
 		return false
 	}
-	n := int(md.NumDelivered)
-	return prev.Seq != md.Sequence.Stream || (prev.Count != n-1 && prev.Count != n)
+	n, seq := int(md.NumDelivered), md.Sequence.Stream
+	if prev.Seq == seq && (prev.Count == n-1 || prev.Count == n) {
+		return false
+	}
+	return back.Seq != seq || back.Count != n-1
+}
+
+// handBack gives messages back to JetStream unclaimed: each with a Nak
+// after delay (0: at once), or an ack on its last delivery, where a Nak
+// would not bring it back. Before that it records the hand-backs in their
+// rows (outbox.HandBack), so that the next delivery of each is known to
+// follow one that made no call; a record that cannot be written within
+// the database timeout leaves that doubt in place (caution), and the
+// messages go back all the same.
+func (s *Sender) handBack(ctx context.Context, hs []held, delays []time.Duration) {
+	if len(hs) == 0 {
+		return
+	}
+	ids := make([]uuid.UUID, 0, len(hs))
+	from := make([]outbox.Delivery, 0, len(hs))
+	for _, h := range hs {
+		if h.md == nil || h.md.NumDelivered < 1 {
+			continue
+		}
+		p, err := wire.Decode(h.msg.Data())
+		if err != nil {
+			continue
+		}
+		ids, from = append(ids, p.ID), append(from, deliveryOf(h.md))
+	}
+	if len(ids) > 0 {
+		dbCtx, cancel := context.WithTimeout(ctx, s.cfg.DBTimeout)
+		n, err := outbox.HandBack(dbCtx, s.cfg.Pool, ids, from)
+		cancel()
+		if err != nil {
+			s.log.Warn("could not record messages handed back unclaimed; their next deliveries will be treated as possibly lost attempts", "messages", len(ids), "err", err)
+		}
+		s.metrics.handedBack.Add(float64(n))
+	}
+	for i, h := range hs {
+		var d time.Duration
+		if delays != nil {
+			d = delays[i]
+		}
+		h.answer(func(m jetstream.Msg) {
+			if d > 0 {
+				s.backOff(m, h.md, d)
+				return
+			}
+			_ = m.Nak()
+		})
+	}
 }

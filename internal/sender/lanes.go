@@ -162,7 +162,7 @@ func (s *Sender) hold(ctx context.Context, ls *lanes, l *lane, m jetstream.Msg) 
 		signal(ls.arrived)
 	case <-ctx.Done():
 		// Fetched but never started: hand it back for another sender.
-		h.answer(func(m jetstream.Msg) { _ = m.Nak() })
+		s.handBack(context.WithoutCancel(ctx), []held{h}, nil)
 	}
 }
 
@@ -235,11 +235,14 @@ func (ls *lanes) waiting() int {
 	return n
 }
 
-// giveBack naks every message held and not picked, for another sender.
-func (ls *lanes) giveBack() {
+// unpicked takes every message held and not picked, for a sender that
+// stops: it hands them back, for another sender.
+func (ls *lanes) unpicked() []held {
+	var out []held
 	for _, l := range ls.all {
 		for len(l.msgs) > 0 {
-			(<-l.msgs).answer(func(m jetstream.Msg) { _ = m.Nak() })
+			out = append(out, <-l.msgs)
 		}
 	}
+	return out
 }

@@ -16,6 +16,7 @@ type metrics struct {
 	redeliveries    prometheus.Counter
 	skipped         prometheus.Counter
 	leased          prometheus.Counter
+	handedBack      prometheus.Counter
 	overtaken       prometheus.Counter
 	dbRetries       *prometheus.CounterVec
 	dlqRetries      prometheus.Counter
@@ -72,6 +73,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_lease_backoffs_total",
 			Help: "Deliveries backed off because another attempt held the row or it awaited its retry time.",
 		}),
+		handedBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_sender_handed_back_total",
+			Help: "Deliveries handed back to JetStream unclaimed (a graceful stop, a back-off from a live claim) and recorded in their rows, so that the next delivery is not taken for a lost attempt.",
+		}),
 		overtaken: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_sender_overtaken_writes_total",
 			Help: "Attempt outcomes not written because another attempt had taken the row over.",
@@ -124,7 +129,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	routes := providerMetrics(m)
 	if reg != nil {
-		for _, c := range append([]prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows}, routes...) {
+		for _, c := range append([]prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.handedBack, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows}, routes...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

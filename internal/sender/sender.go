@@ -216,7 +216,7 @@ func (s *Sender) Run(ctx context.Context) error {
 	// let the attempts in flight finish and their statuses be written and
 	// their letters published.
 	readers.Wait()
-	ls.giveBack()
+	s.handBack(hold, ls.unpicked(), nil)
 	workers.Wait()
 	s.invalid.Wait()
 	close(results)
