@@ -6,9 +6,17 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/breaker"
+	"github.com/sendonce/sendonce/internal/deadletter"
+	store "github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -69,4 +77,88 @@ func (e *env) progress(ids []uuid.UUID) (open, attempted int) {
 		e.t.Fatal(err)
 	}
 	return o, a
+}
+
+// A row made unknown because another provider of the list may hold its
+// message (a claim a failover lost, a provider that cannot be asked) is
+// refused by a replay unless forced, though its own provider honours keys:
+// a replay would call its own provider while the other has the message.
+func TestAReplayNeverSendsWhatAnotherProviderMayHave(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	ctx := context.Background()
+	mk := func(base string) *provider.Client {
+		p, err := provider.New(provider.Config{BaseURL: base, APIKey: testAPIKey, Timeout: 2 * time.Second, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pa, pb := mk(e.stubURL), mk(secondaryURL)
+	id := e.insert(1)[0]
+	// The secondary took the message under a move a Postgres failover
+	// lost, with the claim that made it: the promoted database shows the
+	// row as an earlier claim at the primary left it.
+	if o := pb.Send(ctx, provider.Message{Key: id.String(), To: testPhone(0), Body: testBody(0)}); o.Kind != provider.Sent {
+		t.Fatalf("the secondary did not take the message: %+v", o)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE sms_outbox SET status = 'queued', provider = 'primary', attempt_count = 1 WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.Publish(ctx, streams.SubjectSend, wire.AppendEncode(nil, wire.Send{ID: id}), jetstream.WithMsgID(id.String())); err != nil {
+		t.Fatal(err)
+	}
+	// Its first delivery's claim was lost too.
+	cons, err := e.js.Consumer(ctx, streams.Stream, streams.Lanes[1].Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		_ = m.Nak()
+	}
+	big := breaker.Config{Failures: 1000}
+	stop := e.startSender(senderOptions{cfg: sender.Config{Routes: []sender.Route{
+		{Name: "primary", Provider: pa, Breaker: breaker.New(big)},
+		{Name: "secondary", Provider: pb, Breaker: breaker.New(big)}}}})
+	defer stop()
+	rows := e.waitTerminal([]uuid.UUID{id}, 60*time.Second)
+	if rows[id].status != outbox.StatusUnknown {
+		t.Fatalf("row %s: %s (%s); want unknown (the secondary may have it and cannot be asked)", id, rows[id].status, rows[id].lastErr)
+	}
+	var seqs []uint64
+	for _, m := range deadLetterFor(e.lettersOf([]uuid.UUID{id}, 30*time.Second), id) {
+		seqs = append(seqs, m.Sequence)
+	}
+	letters, err := deadletter.BySequence(ctx, e.js, "", seqs)
+	if err != nil || len(letters) == 0 {
+		t.Fatalf("letters of %s: %v, %v", id, letters, err)
+	}
+	var res []store.ReplayResult
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = store.Replay(ctx, tx, []store.ReplayTarget{letters[len(letters)-1].ReplayTarget()}, store.ReplayOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 1 || res[0].Replayed || !res[0].NeedsForce {
+		t.Errorf("replay of a row another provider may hold: %+v; want refused, needing -force", res)
+	}
+	// Had it been replayed, the relay would publish it and the primary
+	// send it now.
+	_, stopRelay := e.startRelay(relay.Config{})
+	defer stopRelay()
+	if len(res) == 1 && res[0].Replayed {
+		e.waitTerminal([]uuid.UUID{id}, 30*time.Second)
+	}
+	time.Sleep(time.Second)
+	if a, b := e.stub.Deliveries()[id.String()].Deliveries, secondary.Deliveries()[id.String()].Deliveries; a+b != 1 {
+		t.Errorf("deliveries at the primary %d, at the secondary %d; want the secondary's alone", a, b)
+	}
 }

@@ -229,7 +229,8 @@ func replayOne(ctx context.Context, c opsConfig, out io.Writer) error {
 	t := outbox.ReplayTarget{ID: id}
 	err = withLetters(c, func(js jetstream.JetStream) error {
 		return scanLetters(ctx, js, deadletter.Filter{OutboxID: id}, 0, func(l deadletter.Letter) (bool, error) {
-			t.SafeUnknown = l.Idempotency == deadletter.ProviderIdempotent
+			lt := l.ReplayTarget()
+			t.SafeUnknown, t.Elsewhere = lt.SafeUnknown, lt.Elsewhere
 			return true, nil
 		})
 	})

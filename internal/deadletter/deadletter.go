@@ -40,10 +40,17 @@ type Letter struct {
 	// StreamSeq identifies a letter for a message that named no row: the
 	// sequence of that message in the SMS stream.
 	StreamSeq uint64
-	// Idempotency records whether the provider the row's attempts went to
-	// honours idempotency keys, when the publisher knew: an operator replay
-	// of an unknown row is safe only then.
+	// Idempotency records whether sending the row again is covered by its
+	// idempotency key, when the publisher knew: the provider the row's
+	// attempts went to honours keys, and no other provider of the list may
+	// have the message (Elsewhere). An operator replay of an unknown row is
+	// safe only then.
 	Idempotency Idempotency
+	// Elsewhere names another provider of SMS_PROVIDERS that may have the
+	// message and could not be asked ("another" when the sender could not
+	// ask them all); empty when none may. Such a letter's Idempotency is
+	// ProviderNotIdempotent, whatever the row's own provider does.
+	Elsewhere string
 
 	// Seq and Time are set on letters read back from the stream.
 	Seq  uint64
@@ -107,6 +114,9 @@ func (p Publisher) Publish(ctx context.Context, l Letter) (uint64, error) {
 	m.Header.Set(wire.HeaderGen, strconv.Itoa(int(l.Gen)))
 	if l.ProviderCode != 0 {
 		m.Header.Set(wire.HeaderProviderCode, strconv.Itoa(l.ProviderCode))
+	}
+	if l.Elsewhere != "" {
+		m.Header.Set(wire.HeaderElsewhere, l.Elsewhere)
 	}
 	switch l.Idempotency {
 	case ProviderIdempotent:
@@ -321,6 +331,11 @@ func parse(h nats.Header, data []byte, seq uint64, ts time.Time) (Letter, error)
 	case "true":
 		l.Idempotency = ProviderIdempotent
 	case "false":
+		l.Idempotency = ProviderNotIdempotent
+	}
+	l.Elsewhere = safetext.Field(h.Get(wire.HeaderElsewhere))
+	if l.Elsewhere != "" {
+		// Written with ProviderNotIdempotent; read so whatever a header says.
 		l.Idempotency = ProviderNotIdempotent
 	}
 	l.Seq, l.Time = seq, ts

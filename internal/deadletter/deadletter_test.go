@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/natstest"
@@ -66,6 +67,47 @@ func TestPublishIsDeduplicatedPerGeneration(t *testing.T) {
 	invalid, err := deadletter.List(ctx, js, "", deadletter.Filter{Reason: wire.ReasonInvalid})
 	if err != nil || len(invalid) != 1 || invalid[0].OutboxID != uuid.Nil {
 		t.Fatalf("invalid letters = %+v, %v", invalid, err)
+	}
+}
+
+// A letter that names another provider which may have the message reads
+// back as not covered by the key, even if a header said otherwise: its
+// replay target is never safe.
+func TestALetterNamingAnotherProviderIsNeverSafe(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	srv.EnsureTopology(t)
+	_, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id := uuid.New()
+	l := deadletter.Letter{
+		OutboxID: id, Reason: wire.ReasonAmbiguous, Error: "an earlier attempt was lost", Elsewhere: "twilio",
+		Idempotency: deadletter.ProviderNotIdempotent, Payload: wire.AppendEncode(nil, wire.Send{ID: id}),
+	}
+	if _, err := (deadletter.Publisher{JetStream: js}).Publish(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	// A publisher that got the idempotency wrong.
+	forged := nats.NewMsg("sms.dlq")
+	other := uuid.New()
+	forged.Data = wire.AppendEncode(nil, wire.Send{ID: other})
+	forged.Header.Set(wire.HeaderOutboxID, other.String())
+	forged.Header.Set(wire.HeaderReason, wire.ReasonAmbiguous)
+	forged.Header.Set(wire.HeaderIdempotent, "true")
+	forged.Header.Set(wire.HeaderElsewhere, "vonage")
+	if _, err := js.PublishMsg(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	all, err := deadletter.List(ctx, js, "", deadletter.Filter{})
+	if err != nil || len(all) != 2 {
+		t.Fatalf("letters = %+v, %v", all, err)
+	}
+	for i, want := range []string{"twilio", "vonage"} {
+		got := all[i]
+		if got.Elsewhere != want || got.Idempotency != deadletter.ProviderNotIdempotent || got.ReplayTarget().SafeUnknown {
+			t.Errorf("letter %d read back = %+v; want elsewhere %s, not safe to replay", i, got, want)
+		}
 	}
 }
 

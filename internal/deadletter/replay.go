@@ -22,7 +22,7 @@ import (
 func (l Letter) ReplayTarget() outbox.ReplayTarget {
 	return outbox.ReplayTarget{
 		ID: l.OutboxID, FromLetter: true, Gen: l.Gen, Reason: l.Reason,
-		SafeUnknown: l.Idempotency == ProviderIdempotent,
+		SafeUnknown: l.Idempotency == ProviderIdempotent, Elsewhere: l.Elsewhere,
 	}
 }
 

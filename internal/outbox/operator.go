@@ -29,6 +29,10 @@ type ReplayTarget struct {
 	// it twice: its attempts went to a provider that honours idempotency
 	// keys (as its dead letter recorded).
 	SafeUnknown bool
+	// Elsewhere names another provider that may have the message (as the
+	// letter recorded), for the refusal; such a target is never
+	// SafeUnknown.
+	Elsewhere string
 }
 
 // ReplayOptions tune Replay.
@@ -152,6 +156,9 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 			r.Refused = "unknown: the provider may have the message; the console replays dead rows only (relay dlq replay, after relay trace)"
 		case r.Evidence != "" && !opts.Force:
 			r.Refused = "the provider may have the message: " + r.Evidence + "; a replay may send it again (relay dlq replay -force, after relay trace)"
+			r.NeedsForce = true
+		case c.status == StatusUnknown && t.Elsewhere != "" && !opts.Force:
+			r.Refused = "unknown, and " + t.Elsewhere + " provider of SMS_PROVIDERS, which could not be asked, may have the message: a replay may send it twice (relay resolve, or -force after relay trace)"
 			r.NeedsForce = true
 		case c.status == StatusUnknown && !t.SafeUnknown && !opts.Force:
 			r.Refused = "unknown at a provider that may not honour idempotency keys: a replay may send it twice (-force)"

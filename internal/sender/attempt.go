@@ -253,12 +253,19 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		})
 	}
 	if v.letter {
+		// A replay is covered by the key only where no other provider of
+		// the list may have the message: one named by the verdict, or any
+		// not yet asked about a row whose records may have lost a move.
+		elsewhere := v.elsewhere
+		if elsewhere == "" && everywhere != nil && *everywhere {
+			elsewhere = "another"
+		}
 		idem := deadletter.ProviderNotIdempotent
-		if f.idempotent {
+		if f.idempotent && elsewhere == "" {
 			idem = deadletter.ProviderIdempotent
 		}
 		res.letter = &deadletter.Letter{
-			OutboxID: c.ID, Reason: v.reason, Error: v.errText, ProviderCode: out.Code, Idempotency: idem,
+			OutboxID: c.ID, Reason: v.reason, Error: v.errText, ProviderCode: out.Code, Idempotency: idem, Elsewhere: elsewhere,
 		}
 	}
 	s.calling.Add(-1)
@@ -420,7 +427,8 @@ func (s *Sender) askElsewhere(ctx context.Context, c outbox.Claim, r *route, v v
 				why = "cannot tell after its lookup retention"
 			}
 			return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous, action: term, maybe: true, outcome: "ambiguous", letter: true,
-				errText: "an earlier attempt was lost with its records, and provider " + y.Name + " of SMS_PROVIDERS, which may have the message, " + why}, nil, nil, done
+				errText:   "an earlier attempt was lost with its records, and provider " + y.Name + " of SMS_PROVIDERS, which may have the message, " + why,
+				elsewhere: y.Name}, nil, nil, done
 		}
 	}
 	if len(ask) == 0 {

@@ -158,6 +158,10 @@ type verdict struct {
 	notAccepted bool
 	// ref is the provider's id for the message, found by a lookup.
 	ref string
+	// elsewhere names another provider of the list that may have the
+	// message and could not be asked: a replay to the row's own provider
+	// could send it twice, whatever that one does with keys.
+	elsewhere string
 	// heldBack names why a claimed row waits without an attempt: its
 	// lookup is not due yet (lookup_wait), or the lease has too little
 	// time left for the call (no_time).

@@ -24,6 +24,11 @@ const (
 	// row's attempts went to honours idempotency keys. Absent when the
 	// publisher did not know (a letter the reconciler published).
 	HeaderIdempotent = "Sendonce-Provider-Idempotent"
+	// HeaderElsewhere names another provider of SMS_PROVIDERS that may have
+	// the message and could not be asked ("another" when not every one
+	// could be); absent when none may. Its letters record
+	// HeaderIdempotent "false": a replay could send the message twice.
+	HeaderElsewhere = "Sendonce-Elsewhere"
 )
 
 // Dead-letter reasons.
