@@ -169,11 +169,13 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		return err
 	}
 	prov := provs[0].Client
-	var routes []sender.Route
-	if c.provider.Failover() {
-		for _, p := range provs {
-			routes = append(routes, sender.Route{Name: p.Name, Provider: p.Client})
-		}
+	// Every provider is named, the only one too: a row names the provider
+	// that may hold its message, and a sender takes the rows that name one
+	// of its providers, so going back from SMS_PROVIDERS to SMS_PROVIDER
+	// leaves the rows of the provider kept with it.
+	routes := make([]sender.Route, 0, len(provs))
+	for _, p := range provs {
+		routes = append(routes, sender.Route{Name: p.Name, Provider: p.Client})
 	}
 
 	tel, err := service.StartTelemetry(c.HTTPAddr, log)
