@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
@@ -689,6 +692,110 @@ func TestClaimsRunAsTheSenderRoleOnEveryPlan(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("plan_cache_mode=%s, named providers: %v", mode, err)
+		}
+	}
+}
+
+// takeThenAnswer is a proxy in front of a provider that forwards each
+// request, and answers a key's first one with status instead of the
+// provider's answer, once the provider has taken it: a gateway's timeout
+// or error after forwarding. The first answers wait until want keys have
+// come through (or a few seconds), then open trip's circuit, as failures
+// of other messages would, and are written; later requests get the
+// provider's own answer.
+func (e *env) takeThenAnswer(target string, want int, trip *breaker.Breaker, status func(key string) int) string {
+	e.t.Helper()
+	var (
+		mu      sync.Mutex
+		seen    = map[string]bool{}
+		arrived = make(chan struct{})
+		closed  bool
+	)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, target+r.URL.RequestURI(), bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, "upstream: "+err.Error(), http.StatusBadGateway)
+			return
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		first := r.Method == http.MethodPost && resp.StatusCode < 300 && !seen[key]
+		seen[key] = true
+		if first && len(seen) >= want && !closed {
+			closed = true
+			close(arrived)
+		}
+		mu.Unlock()
+		if !first {
+			w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+			w.WriteHeader(resp.StatusCode)
+			_, _ = w.Write(answer)
+			return
+		}
+		select {
+		case <-arrived:
+		case <-time.After(3 * time.Second):
+		}
+		if trip.Admit() {
+			trip.Done(false)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status(key))
+		_, _ = io.WriteString(w, `{"message":"the gateway gave up waiting"}`)
+	}))
+	e.t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+// A provider that honours keys, behind a gateway that answers 408 (or 425,
+// or a 5xx) after forwarding the request: the provider took the message.
+// The row stays with it, whatever its circuit does meanwhile: the retry
+// goes to the same provider under the same key (which replays the
+// stored answer), never to the next of SMS_PROVIDERS.
+func TestADoubtfulAnswerKeepsTheRowWithItsProvider(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	secondary, secondaryURL := e.startStub()
+	statuses := []int{408, 425, 500, 502, 504}
+	ids := e.insert(len(statuses))
+	statusOf := map[string]int{}
+	for i, id := range ids {
+		statusOf[id.String()] = statuses[i]
+	}
+	brA := breaker.New(breaker.Config{Failures: 1, OpenFor: time.Hour})
+	gateway := e.takeThenAnswer(e.stubURL, len(statuses), brA, func(key string) int { return statusOf[key] })
+	idem := func(base string) *provider.Client {
+		p, err := provider.New(provider.Config{BaseURL: base, APIKey: testAPIKey, Timeout: 5 * time.Second, Idempotent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	_, stopRelay := e.startRelay(relay.Config{})
+	defer stopRelay()
+	stop := e.startSender(senderOptions{cfg: sender.Config{Routes: []sender.Route{
+		{Name: "primary", Provider: idem(gateway), Breaker: brA},
+		{Name: "secondary", Provider: idem(secondaryURL), Breaker: breaker.New(breaker.Config{Failures: 1000})}}}})
+	defer stop()
+
+	rows := e.waitTerminal(ids, 60*time.Second)
+	at := e.providerOf(ids)
+	a, b := e.stub.Deliveries(), secondary.Deliveries()
+	e.traceOf(t, ids)
+	for i, id := range ids {
+		k := id.String()
+		if a[k].Deliveries != 1 || b[k].Deliveries != 0 || rows[id].status != outbox.StatusSent || at[id] != "primary" {
+			t.Errorf("row answered %d after the primary took it: %s at %q; deliveries at the primary %d, at the secondary %d; "+
+				"want sent at the primary, once", statuses[i], rows[id].status, at[id], a[k].Deliveries, b[k].Deliveries)
 		}
 	}
 }

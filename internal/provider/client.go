@@ -382,23 +382,40 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 	case slices.Contains(c.refused, status):
 		o.Kind = Retry
 	case status == 429:
+		// A rate limit is enforced at the door, by the provider or by a
+		// gateway in front of it, before the request is processed:
+		// nothing was taken (the generic API's contract says so of its
+		// 503 too). The row still waits for the same provider: a limit
+		// is flow control, not a failure (docs/providers.md).
 		o.Kind = Retry
 		o.After = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now(), c.cfg.MaxRetryAfter)
 	case status == 408 || status == 409 || status == 425:
-		// At a provider that honours the key these say the request was not
-		// processed (a timeout before processing, the key in flight, too
-		// early): retrying with the same key is safe. A 409 says another
-		// request with this key is being processed: that one may be taken.
-		// A provider that ignores keys promises nothing of the kind: a
-		// proxy's 408 or a 409 may follow a message it took, so the answer
-		// is ambiguous there, and is looked up before anything is sent
-		// again.
-		o.MaybeAccepted = status == 409 || !c.cfg.Idempotent
+		// Each of these may follow a message the provider took, whatever
+		// the provider does with keys. A 409 says another request with
+		// this key is being processed: that one may be taken. A 408 or a
+		// 425 may come from a gateway in front of the provider (a load
+		// balancer, an API gateway, a corporate proxy) after it forwarded
+		// the request and gave up waiting; and sendonce never sends early
+		// data, so a 425 is no answer RFC 8470 explains, only someone's
+		// misuse of it. So the message may be taken (MaybeAccepted): the
+		// row stays with this provider, which alone knows the key, and
+		// never moves to another (docs/providers.md, failover). Where the
+		// provider honours the key, a retry under it is safe and replays
+		// whatever it did; a provider that ignores keys would send again,
+		// so the answer is ambiguous there, and is looked up before
+		// anything is sent again.
+		o.MaybeAccepted = true
 		o.Kind = Retry
 		if !c.cfg.Idempotent {
 			o.Kind = Ambiguous
 		}
 	case status >= 500:
+		// A 5xx may come after the message was taken: the provider failed
+		// after sending, or a gateway answers 500, 502 or 504 for a request
+		// it forwarded. Only the generic API's 503 says by contract that
+		// nothing was processed (docs/design.md): the message may go to
+		// another provider. An adapter's 503 promises nothing (its API
+		// documents no such contract) and is ambiguous below.
 		o.MaybeAccepted = status != 503
 		if !c.cfg.Idempotent {
 			// The provider may have sent before failing, and would send again.

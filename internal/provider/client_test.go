@@ -224,8 +224,9 @@ func TestSendClassifiesResponses(t *testing.T) {
 		{name: "code too large", respond: reply(500, `{"code":99999999999999999999}`), want: retryOrAmbiguous, status: 500},
 		{name: "code not a number", respond: reply(500, `{"code":"abc","message":"x"}`), want: retryOrAmbiguous, status: 500, reason: "Internal Server Error"},
 
-		// The request was not processed, says a provider that honours the
-		// key: safe to retry there; elsewhere the answer is ambiguous.
+		// The request may have been taken (a gateway's 408 or 425 after
+		// forwarding, the key in flight): safe to retry where the provider
+		// honours the key, ambiguous elsewhere; maybe taken everywhere.
 		{name: "408", respond: reply(408, ``), want: retryOrAmbiguous, status: 408},
 		{name: "409 key in flight", respond: reply(409, `{"message":"in flight"}`), want: retryOrAmbiguous, status: 409},
 		{name: "425", respond: reply(425, ``), want: retryOrAmbiguous, status: 425},
@@ -291,11 +292,11 @@ func TestSendClassifiesResponses(t *testing.T) {
 				if tt.reason != "" && !strings.Contains(o.Reason, tt.reason) {
 					t.Errorf("Reason = %q, want it to contain %q", o.Reason, tt.reason)
 				}
-				// Only a 5xx other than 503, a 409 (the key is in flight), or
-				// a 408 or 425 at a provider that ignores keys leaves open
-				// that the provider took a message it answered with an error.
-				maybe := tt.status >= 500 && tt.status != 503 || tt.status == 409 ||
-					!mode.idempotent && (tt.status == 408 || tt.status == 425)
+				// A 5xx other than 503, a 409 (the key is in flight), a 408
+				// or a 425 (a gateway's, after forwarding) leaves open that
+				// the provider took a message it answered with an error,
+				// whether or not it honours keys.
+				maybe := tt.status >= 500 && tt.status != 503 || tt.status == 408 || tt.status == 409 || tt.status == 425
 				if want := o.Kind != provider.Sent && o.Kind != provider.Permanent && maybe; o.MaybeAccepted != want {
 					t.Errorf("MaybeAccepted = %v, want %v", o.MaybeAccepted, want)
 				}

@@ -59,10 +59,13 @@ type Outcome struct {
 	Latency time.Duration
 	// MaybeAccepted is set when the provider may have taken the message
 	// although this attempt did not end Sent: the request was written and
-	// no answer came back, or the answer was a 5xx other than 503 (a 503,
-	// like a 429, says the request was not taken). A row whose attempts run
-	// out after such an attempt ends unknown, not dead: "dead" tells the
-	// application the user got nothing.
+	// no answer came back, or the answer was one that may follow a message
+	// the provider took, whatever it does with keys: a 408, 409 or 425, or
+	// a 5xx other than 503 (the generic API's 503, like a 429, says the
+	// request was not taken; a 503 of an API that promises no such thing
+	// is Ambiguous). A row whose attempts run out after such an attempt
+	// ends unknown, not dead: "dead" tells the application the user got
+	// nothing; and the row never moves to another provider.
 	MaybeAccepted bool
 	// Connected is set when the attempt got a connection to the provider
 	// (TCP and TLS done), whether or not the request was then written: a
