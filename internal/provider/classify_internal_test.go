@@ -308,11 +308,14 @@ func FuzzClassifyBody(f *testing.F) {
 			t.Fatalf("Error() = %q holds %q", o.Error(), m)
 		}
 
+		// An answer that may follow a message the provider took is
+		// classified by its status, whatever code it carries.
+		doubtful := status == 408 || status == 409 || status == 425 || status >= 500
 		var want Kind
 		switch {
 		case status < 300:
 			want = Sent
-		case o.Code != 0 && slices.Contains(c.permanent, o.Code):
+		case o.Code != 0 && slices.Contains(c.permanent, o.Code) && !doubtful:
 			want = Permanent
 		case status == 429:
 			want = Retry
@@ -330,5 +333,76 @@ func FuzzClassifyBody(f *testing.F) {
 		if o.Kind != want {
 			t.Fatalf("status %d, code %d, idempotent %v: Kind = %v, want %v", status, o.Code, idempotent, o.Kind, want)
 		}
+		if wantMaybe := doubtful && status != 503; o.MaybeAccepted != wantMaybe {
+			t.Fatalf("status %d, code %d, idempotent %v: MaybeAccepted = %v, want %v", status, o.Code, idempotent, o.MaybeAccepted, wantMaybe)
+		}
 	})
+}
+
+// A permanent provider code is believed only on an answer that says the
+// provider took nothing: on one that may follow a message it took (a 408,
+// 409 or 425, any 5xx) the status's doubt wins, and the answer is
+// classified by its status, never Permanent: "dead" is for rows the
+// provider never took.
+func TestPermanentCodeYieldsToDoubt(t *testing.T) {
+	t.Parallel()
+	generic := func(idem bool) *Client {
+		c, err := New(Config{BaseURL: "http://127.0.0.1:1", Idempotent: idem, PermanentCodes: []int{30003}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	twilio, err := NewTwilio(TwilioConfig{BaseURL: "http://127.0.0.1:1", AccountSID: "AC1", AuthToken: "t", From: "+15550001111"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients := []struct {
+		name string
+		c    *Client
+	}{{"generic idempotent", generic(true)}, {"generic not idempotent", generic(false)}, {"twilio", twilio}}
+	// want is the kind at a provider that honours keys, and at one that
+	// does not; maybe is Outcome.MaybeAccepted.
+	tests := []struct {
+		status        int
+		idem, nonIdem Kind
+		maybe         bool
+	}{
+		// The provider took nothing: the code says no retry can help.
+		{status: 400, idem: Permanent, nonIdem: Permanent},
+		{status: 403, idem: Permanent, nonIdem: Permanent},
+		{status: 404, idem: Permanent, nonIdem: Permanent},
+		{status: 422, idem: Permanent, nonIdem: Permanent},
+		{status: 429, idem: Permanent, nonIdem: Permanent},
+		// The provider may have taken it: the status decides.
+		{status: 408, idem: Retry, nonIdem: Ambiguous, maybe: true},
+		{status: 409, idem: Retry, nonIdem: Ambiguous, maybe: true},
+		{status: 425, idem: Retry, nonIdem: Ambiguous, maybe: true},
+		{status: 500, idem: Retry, nonIdem: Ambiguous, maybe: true},
+		{status: 501, idem: Retry, nonIdem: Ambiguous, maybe: true},
+		{status: 502, idem: Retry, nonIdem: Ambiguous, maybe: true},
+		{status: 503, idem: Retry, nonIdem: Ambiguous},
+		{status: 504, idem: Retry, nonIdem: Ambiguous, maybe: true},
+		{status: 599, idem: Retry, nonIdem: Ambiguous, maybe: true},
+	}
+	for _, cl := range clients {
+		for _, code := range []int{21211, 21214, 21614, 21610, 21612, 30003} {
+			if cl.name == "twilio" && code == 30003 {
+				continue // configured for the generic clients only
+			}
+			for _, tt := range tests {
+				body := fmt.Sprintf(`{"code":%d,"message":"refused","status":%d}`, code, tt.status)
+				resp := &http.Response{StatusCode: tt.status, Header: http.Header{}, Body: http.NoBody}
+				o := cl.c.classify(resp, []byte(body), nil, Message{})
+				want := tt.nonIdem
+				if cl.c.Idempotent() {
+					want = tt.idem
+				}
+				if o.Kind != want || o.MaybeAccepted != tt.maybe || o.Code != code {
+					t.Errorf("%s, %d with code %d: %v (maybe accepted %v, code %d), want %v (maybe accepted %v)",
+						cl.name, tt.status, code, o.Kind, o.MaybeAccepted, o.Code, want, tt.maybe)
+				}
+			}
+		}
+	}
 }

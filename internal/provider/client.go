@@ -24,7 +24,8 @@ import (
 // DefaultPermanentCodes are provider error codes that no retry can fix
 // (Twilio's numbering, which several providers share): 21211 invalid To,
 // 21214 To cannot be reached, 21614 To is not a mobile number, 21610 the
-// recipient unsubscribed, 21612 unroutable.
+// recipient unsubscribed, 21612 unroutable. They make an answer Permanent
+// only where its status says the provider took nothing.
 var DefaultPermanentCodes = []int{21211, 21214, 21614, 21610, 21612}
 
 // MaxResponseBytes is the most of a response body read; a larger body is
@@ -58,7 +59,8 @@ type Config struct {
 	// answer is Ambiguous instead of Retry: the safe zero value.
 	Idempotent bool
 	// PermanentCodes are provider error codes classified Permanent in
-	// addition to DefaultPermanentCodes.
+	// addition to DefaultPermanentCodes, on an answer that took nothing:
+	// on a 408, 409, 425 or 5xx the status decides.
 	PermanentCodes []int
 	// MaxConns sizes the keep-alive pool: set it to the sender's
 	// concurrency. Default 64.
@@ -377,7 +379,14 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 	}
 	o := Outcome{HTTPStatus: status, Code: code, Reason: reason}
 	switch {
-	case code != 0 && slices.Contains(c.permanent, code):
+	case code != 0 && slices.Contains(c.permanent, code) && !mayFollowTaken(status):
+		// A permanent code is believed only on an answer that says the
+		// provider took nothing. On one that may follow a message it took
+		// (a 5xx after sending, a gateway's 408 or 502 carrying an
+		// upstream error) the status's doubt wins and the answer is
+		// classified below by its status: "dead" would tell the
+		// application the user got nothing, and dead is only for rows the
+		// provider never took.
 		o.Kind = Permanent
 	case slices.Contains(c.refused, status):
 		o.Kind = Retry
@@ -433,6 +442,14 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 		o.Kind = Permanent
 	}
 	return o
+}
+
+// mayFollowTaken reports whether an error status may answer a request the
+// provider took, whatever it does with keys: 408, 409, 425 and every 5xx
+// (classify says why of each). Such an answer is classified by its status,
+// never by a permanent code it carries.
+func mayFollowTaken(status int) bool {
+	return status == 408 || status == 409 || status == 425 || status >= 500
 }
 
 // readRef reads the message id of a success answer: refOf's, or the

@@ -206,22 +206,28 @@ func TestSendClassifiesResponses(t *testing.T) {
 		{name: "300 is not followed", respond: reply(300, ``), want: same(provider.Permanent), status: 300},
 		{name: "304 is not followed", respond: reply(304, ``), want: same(provider.Permanent), status: 304},
 
-		// Permanent provider codes win over a retryable status.
-		{name: "21211 on 500", respond: reply(500, `{"code":21211,"message":"invalid To"}`), want: same(provider.Permanent), status: 500, code: 21211},
+		// A permanent provider code is believed where the status says the
+		// provider took nothing (a 4xx, a 429); where it may have taken the
+		// message (408, 409, 425, any 5xx) the status's doubt wins.
 		{name: "21214 on 429", respond: reply(429, `{"code":21214}`, "Retry-After", "5"), want: same(provider.Permanent), status: 429, code: 21214},
-		{name: "21614 on 503", respond: reply(503, `{"code":21614}`), want: same(provider.Permanent), status: 503, code: 21614},
-		{name: "21610 on 502", respond: reply(502, `{"code":21610}`), want: same(provider.Permanent), status: 502, code: 21610},
 		{name: "21612 on 400", respond: reply(400, `{"code":21612}`), want: same(provider.Permanent), status: 400, code: 21612},
-		{name: "21612 on 408", respond: reply(408, `{"code":21612}`), want: same(provider.Permanent), status: 408, code: 21612},
-		{name: "code as a JSON string", respond: reply(500, `{"code":"21610"}`), want: same(provider.Permanent), status: 500, code: 21610},
-		{name: "extra permanent code", respond: reply(500, `{"code":30003}`), permanent: []int{30003}, want: same(provider.Permanent), status: 500, code: 30003},
-		{name: "extra code not configured", respond: reply(500, `{"code":30003}`), want: retryOrAmbiguous, status: 500, code: 30003},
-		{name: "permanent code in an oversized body is unread", respond: reply(500, hugeErr), want: retryOrAmbiguous, status: 500},
-		{name: "permanent code at the size limit", respond: reply(500, exactly(limit, `"code":21211`)), want: same(provider.Permanent), status: 500, code: 21211},
-		{name: "permanent code one byte over the limit", respond: reply(500, exactly(limit+1, `"code":21211`)), want: retryOrAmbiguous, status: 500},
-		{name: "negative code", respond: reply(500, `{"code":-21211}`), want: retryOrAmbiguous, status: 500},
-		{name: "fractional code", respond: reply(500, `{"code":21211.5}`), want: retryOrAmbiguous, status: 500},
-		{name: "code too large", respond: reply(500, `{"code":99999999999999999999}`), want: retryOrAmbiguous, status: 500},
+		{name: "21211 on 500", respond: reply(500, `{"code":21211,"message":"invalid To"}`), want: retryOrAmbiguous, status: 500, code: 21211},
+		{name: "21614 on 503", respond: reply(503, `{"code":21614}`), want: retryOrAmbiguous, status: 503, code: 21614},
+		{name: "21610 on 502", respond: reply(502, `{"code":21610}`), want: retryOrAmbiguous, status: 502, code: 21610},
+		{name: "21211 on 504", respond: reply(504, `{"code":21211}`), want: retryOrAmbiguous, status: 504, code: 21211},
+		{name: "21612 on 408", respond: reply(408, `{"code":21612}`), want: retryOrAmbiguous, status: 408, code: 21612},
+		{name: "21211 on 409", respond: reply(409, `{"code":21211}`), want: retryOrAmbiguous, status: 409, code: 21211},
+		{name: "21211 on 425", respond: reply(425, `{"code":21211}`), want: retryOrAmbiguous, status: 425, code: 21211},
+		{name: "code as a JSON string", respond: reply(429, `{"code":"21610"}`), want: same(provider.Permanent), status: 429, code: 21610},
+		{name: "extra permanent code", respond: reply(429, `{"code":30003}`), permanent: []int{30003}, want: same(provider.Permanent), status: 429, code: 30003},
+		{name: "extra permanent code on 500", respond: reply(500, `{"code":30003}`), permanent: []int{30003}, want: retryOrAmbiguous, status: 500, code: 30003},
+		{name: "extra code not configured", respond: reply(429, `{"code":30003}`), want: same(provider.Retry), status: 429, code: 30003},
+		{name: "permanent code in an oversized body is unread", respond: reply(429, hugeErr), want: same(provider.Retry), status: 429},
+		{name: "permanent code at the size limit", respond: reply(429, exactly(limit, `"code":21211`)), want: same(provider.Permanent), status: 429, code: 21211},
+		{name: "permanent code one byte over the limit", respond: reply(429, exactly(limit+1, `"code":21211`)), want: same(provider.Retry), status: 429},
+		{name: "negative code", respond: reply(429, `{"code":-21211}`), want: same(provider.Retry), status: 429},
+		{name: "fractional code", respond: reply(429, `{"code":21211.5}`), want: same(provider.Retry), status: 429},
+		{name: "code too large", respond: reply(429, `{"code":99999999999999999999}`), want: same(provider.Retry), status: 429},
 		{name: "code not a number", respond: reply(500, `{"code":"abc","message":"x"}`), want: retryOrAmbiguous, status: 500, reason: "Internal Server Error"},
 
 		// The request may have been taken (a gateway's 408 or 425 after

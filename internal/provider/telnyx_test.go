@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -170,16 +171,26 @@ func TestTelnyxClassification(t *testing.T) {
 }
 
 // SMS_PERMANENT_CODES names Telnyx's codes: a code it names is permanent
-// whatever the status.
+// on an answer that took nothing (here a 429), never on one that may follow
+// a message Telnyx took (a 5xx), where the status's doubt wins.
 func TestTelnyxPermanentCodes(t *testing.T) {
 	t.Parallel()
-	base, _ := startTelnyx(t, reply(500, `{"errors":[{"code":"10007","title":"Unexpected error"}]}`))
-	c, err := provider.NewTelnyx(provider.TelnyxConfig{BaseURL: base, APIKey: "KEY0123456789", From: "Acme", PermanentCodes: []int{10007}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o := send(t, c); o.Kind != provider.Permanent || o.Code != 10007 {
-		t.Errorf("outcome %+v, want Permanent code 10007", o)
+	for _, tt := range []struct {
+		status int
+		code   int
+		want   provider.Kind
+	}{
+		{429, 10011, provider.Permanent},
+		{500, 10007, provider.Ambiguous},
+	} {
+		base, _ := startTelnyx(t, reply(tt.status, fmt.Sprintf(`{"errors":[{"code":"%d","title":"Refused"}]}`, tt.code)))
+		c, err := provider.NewTelnyx(provider.TelnyxConfig{BaseURL: base, APIKey: "KEY0123456789", From: "Acme", PermanentCodes: []int{10007, 10011}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := send(t, c); o.Kind != tt.want || o.Code != tt.code {
+			t.Errorf("%d with code %d: outcome %+v, want %v", tt.status, tt.code, o, tt.want)
+		}
 	}
 }
 

@@ -105,7 +105,10 @@ func TestTwilioClassification(t *testing.T) {
 	}{
 		{"created", 201, `{"sid":"SM1"}`, provider.Sent, 0},
 		{"invalid To echoed", 400, `{"code":21211,"message":"The 'To' number +15551234567 is not a valid phone number.","more_info":"https://www.twilio.com/docs/errors/21211","status":400}`, provider.Permanent, 21211},
-		{"unsubscribed on 500", 500, `{"code":21610,"message":"Attempt to send to unsubscribed recipient","status":500}`, provider.Permanent, 21610},
+		{"unsubscribed", 400, `{"code":21610,"message":"Attempt to send to unsubscribed recipient","status":400}`, provider.Permanent, 21610},
+		// Twilio may have taken a message it answered 500: the status's
+		// doubt wins over the code.
+		{"unsubscribed on 500", 500, `{"code":21610,"message":"Attempt to send to unsubscribed recipient","status":500}`, provider.Ambiguous, 21610},
 		{"server error", 500, `{"code":20500,"message":"Internal Server Error","status":500}`, provider.Ambiguous, 20500},
 		{"rate limited", 429, `{"code":20429,"message":"Too Many Requests","status":429}`, provider.Retry, 20429},
 		{"bad credentials", 401, `{"code":20003,"message":"Authenticate","status":401}`, provider.Permanent, 20003},
