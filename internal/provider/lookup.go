@@ -139,8 +139,9 @@ func (c *Client) genericLookup(ctx context.Context, q LookupQuery) ([]Found, err
 	return out, nil
 }
 
-// receiptStatus maps a provider's message status to what sendonce records:
-// delivered, undelivered, or accepted (anything else it says it has).
+// receiptStatus maps the generic API's message status to what sendonce
+// records: delivered, undelivered, or accepted (anything else it says it
+// has). Twilio's statuses are twilioStatus's.
 func receiptStatus(s string) string {
 	switch strings.ToLower(s) {
 	case "delivered", "read":

@@ -186,6 +186,10 @@ func (c *Client) twilioLookup(ctx context.Context, cfg TwilioConfig, q LookupQue
 			if !safetext.SameText(m.Body, q.Body) {
 				continue
 			}
+			status, sent := twilioStatus(m.Status)
+			if !sent {
+				continue // canceled before sending, or inbound
+			}
 			// Ours or not is told by the creation time: one that cannot
 			// be read, or a sid that cannot be stored, leaves the answer
 			// open.
@@ -201,7 +205,7 @@ func (c *Client) twilioLookup(ctx context.Context, cfg TwilioConfig, q LookupQue
 				continue
 			}
 			seen[m.SID] = true
-			out = append(out, Found{Ref: m.SID, Status: receiptStatus(m.Status), Created: created})
+			out = append(out, Found{Ref: m.SID, Status: status, Created: created})
 		}
 		return page.NextPageURI, nil
 	}
@@ -222,4 +226,39 @@ func (c *Client) twilioLookup(ctx context.Context, cfg TwilioConfig, q LookupQue
 		}
 	}
 	return out, nil
+}
+
+// twilioStatus maps the status of a message in Twilio's list (the
+// document's message_enum_status) to what a lookup records: accepted,
+// delivered or undelivered; sent is false for a message that was never
+// sent for a row, which the lookup does not count.
+//
+//   - queued, sending, sent, accepted, scheduled: Twilio has the message
+//     and has not reported its fate; partially_delivered too (some of it
+//     reached the phone, and the rest may yet): accepted.
+//   - delivered, read: delivered.
+//   - undelivered (the carrier could not deliver it) and failed (Twilio
+//     took it and could not send it: queue overflow, a suspended account,
+//     an unsubscribed number): undelivered, final. The status callback of
+//     the same message says the same (the receiver maps them alike); a
+//     lookup that called it nothing would send the message again while
+//     its receipt ends the row undelivered.
+//   - canceled: Twilio canceled it before sending (it cancels only a
+//     scheduled message, on request): the message never went out, so the
+//     lookup counts it as nothing, and a row with nothing else is sent
+//     again under the same reference or, its attempts spent, ends dead.
+//     The receiver ignores its callback.
+//   - receiving, received: an inbound message, not one sent for a row.
+//   - anything else (a status Twilio adds later): accepted, with caution:
+//     Twilio has something, so the row is never sent again on its account.
+func twilioStatus(s string) (status string, sent bool) {
+	switch strings.ToLower(s) {
+	case "canceled", "receiving", "received":
+		return "", false
+	case "delivered", "read":
+		return "delivered", true
+	case "undelivered", "failed":
+		return "undelivered", true
+	}
+	return "accepted", true
 }

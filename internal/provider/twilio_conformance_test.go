@@ -105,6 +105,53 @@ func readTwilioSpec(t *testing.T) twilioDoc {
 	return d
 }
 
+// twilioListStatuses are the values the document allows a message's
+// status in ListMessage's answer: the enum of the status of the schema its
+// messages refer to (message_enum_status, as the document now has it),
+// followed through the document's $refs.
+func twilioListStatuses(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile(twilioSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	// at walks keys from node, following a "$ref" wherever it meets one.
+	var at func(node any, keys ...string) any
+	at = func(node any, keys ...string) any {
+		for {
+			m, ok := node.(map[string]any)
+			if !ok {
+				t.Fatalf("the document has no object where %v continues", keys)
+			}
+			if ref, ok := m["$ref"].(string); ok {
+				node = doc
+				for _, k := range strings.Split(strings.TrimPrefix(ref, "#/"), "/") {
+					node = node.(map[string]any)[k]
+				}
+				continue
+			}
+			if len(keys) == 0 {
+				return m
+			}
+			node, keys = m[keys[0]], keys[1:]
+		}
+	}
+	schema := at(doc, "paths", twilioMessages, "get", "responses", "200", "content", "application/json", "schema",
+		"properties", "messages", "items", "properties", "status").(map[string]any)
+	var out []string
+	for _, v := range schema["enum"].([]any) {
+		out = append(out, v.(string))
+	}
+	if len(out) == 0 {
+		t.Fatal("the document lists no message status")
+	}
+	return out
+}
+
 // formFields are the form fields CreateMessage defines.
 func (d twilioDoc) formFields() map[string]bool {
 	out := map[string]bool{}

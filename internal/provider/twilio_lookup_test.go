@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -226,6 +227,91 @@ func twilioMessageJSON(sid, body, status string, created time.Time, sent bool) s
 	}
 	return fmt.Sprintf(`{"sid":%q,"body":%q,"status":%q,"date_created":%q,"date_sent":%s,"to":"+15551234567","from":"+15550001111"}`,
 		sid, body, status, created.UTC().Format(time.RFC1123Z), dateSent)
+}
+
+// Every status Twilio's document gives a message maps to what the lookup
+// records, read from the document itself, so that a status it adds fails
+// here until it is mapped. A message Twilio has taken (queued, sending,
+// sent, accepted, scheduled, partially_delivered) is accepted; delivered and
+// read are delivered; undelivered and failed (Twilio took it and could not
+// send it: the receipt of the same message says the same) undelivered. A
+// canceled message was never sent (Twilio cancels only a scheduled
+// message, before sending), and receiving and received are inbound: none
+// of them is a message sent for the row, so the lookup does not count it,
+// and a row with nothing else is sent again (or ends dead) rather than
+// read sent.
+func TestTwilioLookupMapsEveryStatusOfTheDocument(t *testing.T) {
+	t.Parallel()
+	const notFound = ""
+	want := map[string]string{
+		"queued":              "accepted",
+		"sending":             "accepted",
+		"sent":                "accepted",
+		"accepted":            "accepted",
+		"scheduled":           "accepted",
+		"partially_delivered": "accepted",
+		"delivered":           "delivered",
+		"read":                "delivered",
+		"undelivered":         "undelivered",
+		"failed":              "undelivered",
+		"canceled":            notFound,
+		"receiving":           notFound,
+		"received":            notFound,
+	}
+	statuses := twilioListStatuses(t)
+	for _, st := range statuses {
+		if _, ok := want[st]; !ok {
+			t.Errorf("the document's status %q has no mapping here", st)
+		}
+	}
+	for st := range want {
+		if !slices.Contains(statuses, st) {
+			t.Errorf("status %q is mapped here but not in the document", st)
+		}
+	}
+	now := time.Now()
+	for _, st := range statuses {
+		t.Run(st, func(t *testing.T) {
+			t.Parallel()
+			page := `{"messages":[` + twilioMessageJSON("SM1", testMsg.Body, st, now, false) + `],"next_page_uri":null}`
+			p := startProvider(t, reply(200, page))
+			res := twilioClient(t, p.URL, nil).Lookup(context.Background(),
+				provider.LookupQuery{To: testMsg.To, Body: testMsg.Body, Since: now.Add(-time.Minute)})
+			if res.Err != nil {
+				t.Fatalf("lookup: %v", res.Err)
+			}
+			switch {
+			case want[st] == notFound && len(res.Found) != 0:
+				t.Errorf("a %s message: found %+v, want none (it was never sent for the row)", st, res.Found)
+			case want[st] != notFound && (len(res.Found) != 1 || res.Found[0].Status != want[st] || res.Found[0].Ref != "SM1"):
+				t.Errorf("a %s message: found %+v, want SM1 %s", st, res.Found, want[st])
+			}
+		})
+	}
+	// A status Twilio adds later is read with caution: Twilio has the
+	// message, so it is never sent again.
+	page := `{"messages":[` + twilioMessageJSON("SM1", testMsg.Body, "newly_invented", now, false) + `],"next_page_uri":null}`
+	p := startProvider(t, reply(200, page))
+	res := twilioClient(t, p.URL, nil).Lookup(context.Background(),
+		provider.LookupQuery{To: testMsg.To, Body: testMsg.Body, Since: now.Add(-time.Minute)})
+	if res.Err != nil || len(res.Found) != 1 || res.Found[0].Status != "accepted" {
+		t.Errorf("a status the document does not know: %+v, want SM1 accepted", res)
+	}
+}
+
+// A canceled message beside the one sent for the row after it: the one
+// sent is found alone, and settles the row.
+func TestTwilioLookupSkipsACanceledMessage(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	page := `{"messages":[` + twilioMessageJSON("SMnew", testMsg.Body, "queued", now, false) + `,` +
+		twilioMessageJSON("SMold", testMsg.Body, "canceled", now.Add(-time.Second), false) + `],"next_page_uri":null}`
+	p := startProvider(t, reply(200, page))
+	res := twilioClient(t, p.URL, nil).Lookup(context.Background(),
+		provider.LookupQuery{To: testMsg.To, Body: testMsg.Body, Since: now.Add(-time.Minute)})
+	if res.Err != nil || len(res.Found) != 1 || res.Found[0].Ref != "SMnew" || res.Found[0].Status != "accepted" {
+		t.Fatalf("lookup: %+v, want SMnew accepted alone", res)
+	}
 }
 
 // Twilio sorts by date_sent: a message sent while the lookup pages moves
