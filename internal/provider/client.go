@@ -254,9 +254,11 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	resp, err := c.http.Do(req)
 	if err != nil {
 		// WroteRequest fires after the flush: a timeout between the last
-		// byte and the callback would look unsent. Where a resend could
-		// double-send, any failure on a live connection counts as written.
-		maybeWritten := wrote.Load() || (!c.cfg.Idempotent && gotConn.Load())
+		// byte and the callback would look unsent. Any failure on a live
+		// connection counts as written: without idempotency a resend could
+		// double-send, and with it a row taken for "not sent" may move to
+		// another provider of SMS_PROVIDERS while this one has it.
+		maybeWritten := wrote.Load() || gotConn.Load()
 		o := c.transportFailure(err, maybeWritten)
 		o.Latency, o.Connected = time.Since(start), gotConn.Load()
 		return o

@@ -711,6 +711,37 @@ func TestSendTransportFailures(t *testing.T) {
 	}
 }
 
+// A request cut off on a live connection before its last byte was
+// reported written (here: the server reads the headers and part of the
+// body, then stops reading, and the timeout ends the attempt) may have
+// been read whole by the provider for all the client can tell: it is
+// never "not sent", at a provider that honours keys too, where "not sent"
+// would let the row move to another provider of the list.
+func TestSendCutOffMidRequestMayBeTaken(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			s := startRaw(t, func(s *rawServer, c net.Conn, n int) {
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				_, _ = io.CopyN(io.Discard, br, 64<<10)
+				time.Sleep(3 * time.Second)
+			})
+			c := newClient(t, s.URL, mode.idempotent, func(cfg *provider.Config) { cfg.Timeout = time.Second })
+			// A body far larger than the socket buffers: the write blocks.
+			m := testMsg
+			m.Body = strings.Repeat("x", 32<<20)
+			o := c.Send(context.Background(), m)
+			if o.Kind == provider.Sent || !o.MaybeAccepted || strings.Contains(o.Reason, "not sent") {
+				t.Errorf("outcome %+v; want retry or ambiguous, maybe taken", o)
+			}
+		})
+	}
+}
+
 // TestSendDropOnReusedConnection covers the keep-alive case: the provider
 // reads a request on a reused connection, may act on it, and drops the
 // connection before answering. net/http replays a POST carrying an
