@@ -3,6 +3,7 @@
 package natsconn
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,7 +53,8 @@ type Config struct {
 	// the client certificate for mutual TLS.
 	CAFile, CertFile, KeyFile string
 	// AllowInsecure (NATS_ALLOW_INSECURE) accepts credentials sent to a
-	// server other than this host without TLS.
+	// server other than this host without TLS: one NATS_URL names, or one
+	// the cluster advertises (without it, such a server is not dialled).
 	AllowInsecure bool
 	// InboxPrefix replaces _INBOX as the prefix of the subjects replies
 	// come back on (NATS_INBOX_PREFIX), so that each user may be allowed
@@ -138,6 +141,63 @@ func (c *Config) checkTLS() error {
 		}
 	}
 	return nil
+}
+
+// plainOnly reports whether the connection carries credentials without
+// TLS, which checkTLS allows only to servers on this host: then every
+// server NATS_URL names is on this host, and a server the cluster
+// advertises (INFO connect_urls, which nats.go adds to its pool and tries
+// on a reconnect, with the same credentials) must be too. With a tls:// or
+// wss:// URL, NATS_CA or NATS_CERT, nats.go requires TLS of every server
+// in its pool, discovered ones included, and refuses one without it
+// before it sends the credentials.
+func (c *Config) plainOnly() bool {
+	if c.AllowInsecure || c.CAFile != "" || c.CertFile != "" {
+		return false
+	}
+	auth := c.User != "" || c.Token != "" || c.NKeySeedFile != "" || c.CredsFile != ""
+	urls, _ := SplitURL(c.URL)
+	for _, raw := range urls {
+		u, err := url.Parse(raw)
+		if err != nil {
+			continue
+		}
+		if u.Scheme == "tls" || u.Scheme == "wss" {
+			return false
+		}
+		auth = auth || u.User != nil
+	}
+	return auth
+}
+
+// thisHostDialer dials servers on this host only: it serves a connection
+// whose credentials go without TLS (plainOnly), so that a server the
+// cluster advertises elsewhere is refused before anything is sent to it,
+// as NATS_URL naming it would be at start-up. nats.go resolves a host name
+// before it dials, so the address is checked as it will be reached.
+type thisHostDialer struct {
+	d      net.Dialer
+	log    *slog.Logger
+	mu     sync.Mutex
+	warned map[string]bool
+}
+
+// Dial implements nats.CustomDialer.
+func (d *thisHostDialer) Dial(network, address string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(address)
+	if err == nil && loopback(host) {
+		return d.d.Dial(network, address)
+	}
+	d.mu.Lock()
+	first := !d.warned[address]
+	d.warned[address] = true
+	d.mu.Unlock()
+	if first {
+		// Once per server: the client tries its pool again and again.
+		d.log.Warn("nats server not on this host skipped: the cluster advertised it, and the credentials would reach it without TLS; "+
+			"use tls:// URLs or NATS_CA, or NATS_ALLOW_INSECURE=true to accept it", "server", address)
+	}
+	return nil, fmt.Errorf("nats server %s is not on this host and the connection has no TLS: credentials are not sent to it in clear", address)
 }
 
 // validInboxPrefix accepts an empty prefix (the default _INBOX) or a subject
@@ -252,6 +312,12 @@ func Connect(cfg Config) (*nats.Conn, jetstream.JetStream, error) {
 	}
 	if cfg.CertFile != "" {
 		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+	}
+	if cfg.plainOnly() {
+		opts = append(opts, nats.SetCustomDialer(&thisHostDialer{
+			d:   net.Dialer{Timeout: cmp.Or(cfg.ConnectTimeout, nats.DefaultTimeout)},
+			log: log, warned: map[string]bool{},
+		}))
 	}
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
