@@ -30,6 +30,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -51,6 +52,15 @@ const (
 	// sessions kept in memory (about 300 bytes each).
 	DefaultMaxSessions        = 10_000
 	DefaultMaxSessionsPerUser = 10
+	// DefaultLoginRate and DefaultLoginBurst budget the password checks
+	// of one client address: 10 at once, then one every 2 s.
+	DefaultLoginRate  = 0.5
+	DefaultLoginBurst = 10
+	// DefaultLoginTotalRate and DefaultLoginTotalBurst budget those of
+	// every client together: 20 at once, then 5 a second, about a third
+	// of a core at bcrypt cost 10 (some 60 ms a check).
+	DefaultLoginTotalRate  = 5
+	DefaultLoginTotalBurst = 20
 )
 
 // Announcement starts the line relay console prints on stdout once it
@@ -100,6 +110,20 @@ type Config struct {
 	// MaxSessionsPerUser bounds one user's sessions: past it, the user's
 	// login ends the user's oldest; default DefaultMaxSessionsPerUser.
 	MaxSessionsPerUser int
+	// LoginRate is how many password checks (bcrypt comparisons) a
+	// second one client address may ask for, sustained, and LoginBurst
+	// how many at once; the address is the one the failure throttle
+	// counts (an IPv6 /64). A login past them is answered 429 with
+	// Retry-After before its password is compared. Defaults
+	// DefaultLoginRate and DefaultLoginBurst.
+	LoginRate  float64
+	LoginBurst int
+	// LoginTotalRate and LoginTotalBurst are the same budget for every
+	// client together, which bounds the CPU that logins can take
+	// whatever the number of addresses they come from. Defaults
+	// DefaultLoginTotalRate and DefaultLoginTotalBurst.
+	LoginTotalRate  float64
+	LoginTotalBurst int
 }
 
 func (c *Config) validate() error {
@@ -112,6 +136,14 @@ func (c *Config) validate() error {
 		return errors.New("console: Config.Users: at least one user is required")
 	case c.DBTimeout < 0, c.SessionTTL < 0, c.Refresh < 0, c.ExactBelow < 0, c.PageSize < 0, c.MaxSessions < 0, c.MaxSessionsPerUser < 0:
 		return errors.New("console: Config: durations and sizes must not be negative")
+	case c.LoginRate < 0 || math.IsNaN(c.LoginRate) || math.IsInf(c.LoginRate, 0):
+		return errors.New("console: Config.LoginRate must be a positive number (0: the default)")
+	case c.LoginBurst < 0:
+		return errors.New("console: Config.LoginBurst must not be negative (0: the default)")
+	case c.LoginTotalRate < 0 || math.IsNaN(c.LoginTotalRate) || math.IsInf(c.LoginTotalRate, 0):
+		return errors.New("console: Config.LoginTotalRate must be a positive number (0: the default)")
+	case c.LoginTotalBurst < 0:
+		return errors.New("console: Config.LoginTotalBurst must not be negative (0: the default)")
 	}
 	return nil
 }
@@ -124,6 +156,7 @@ type Console struct {
 	dummy    []byte
 	sessions *sessions
 	limiter  *limiter
+	budget   *budget
 	pages    map[string]*template.Template
 	handler  http.Handler
 	now      func() time.Time
@@ -147,13 +180,18 @@ func New(cfg Config) (*Console, error) {
 	cfg.PageSize = cmp.Or(cfg.PageSize, DefaultPageSize)
 	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, DefaultMaxSessions)
 	cfg.MaxSessionsPerUser = cmp.Or(cfg.MaxSessionsPerUser, DefaultMaxSessionsPerUser)
+	cfg.LoginRate = cmp.Or(cfg.LoginRate, DefaultLoginRate)
+	cfg.LoginBurst = cmp.Or(cfg.LoginBurst, DefaultLoginBurst)
+	cfg.LoginTotalRate = cmp.Or(cfg.LoginTotalRate, DefaultLoginTotalRate)
+	cfg.LoginTotalBurst = cmp.Or(cfg.LoginTotalBurst, DefaultLoginTotalBurst)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	c := &Console{
 		cfg: cfg, log: log.With("component", "console"), users: map[string]User{},
-		sessions: newSessions(cfg.SessionTTL, cfg.MaxSessions, cfg.MaxSessionsPerUser), limiter: newLimiter(), now: time.Now,
+		sessions: newSessions(cfg.SessionTTL, cfg.MaxSessions, cfg.MaxSessionsPerUser), limiter: newLimiter(),
+		budget: newBudget(cfg.LoginRate, cfg.LoginBurst, cfg.LoginTotalRate, cfg.LoginTotalBurst), now: time.Now,
 	}
 	for _, u := range cfg.Users {
 		c.users[u.Name] = u

@@ -1,6 +1,10 @@
 package console
 
-import "golang.org/x/crypto/bcrypt"
+import (
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+)
 
 // ThrottleSize returns how many addresses, (name, address) pairs and
 // names the login throttle holds.
@@ -19,3 +23,6 @@ func (c *Console) DummyHashCost() int {
 // Sessions returns how many sessions the console holds, and how many of
 // them are user's.
 func (c *Console) Sessions(user string) (all, users int) { return c.sessions.size(user) }
+
+// SetNow replaces the console's clock; call it before the first request.
+func (c *Console) SetNow(now func() time.Time) { c.now = now }

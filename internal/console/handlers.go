@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -119,6 +120,22 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
 		c.render(w, http.StatusTooManyRequests, "login", page{Title: "Log in", Data: loginView{
 			Error: fmt.Sprintf("Too many failed logins: try again in %s.", wait.Round(time.Second)), Username: name}})
+		return
+	}
+	// Only now is the password compared: the budget of comparisons is
+	// taken first, so that a login it refuses costs no bcrypt work.
+	if wait, why, first := c.budget.take(key, now); why != allowed {
+		if first {
+			// Once each time a budget runs dry, not per refusal.
+			budgetName := "client"
+			if why == totalSpent {
+				budgetName = "console"
+			}
+			c.log.WarnContext(r.Context(), "console: logins refused: password checks over budget", "budget", budgetName, "remote", ip)
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
+		c.render(w, http.StatusTooManyRequests, "login", page{Title: "Log in", Data: loginView{
+			Error: fmt.Sprintf("Too many logins at once: try again in %s.", max(time.Second, wait.Round(time.Second))), Username: name}})
 		return
 	}
 	u, ok := authenticate(c.users, c.dummy, name, password)

@@ -7,7 +7,9 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,10 +50,12 @@ func (f *fixture) try(c *http.Client, name, password, forwarded string) int {
 // Failed logins count against the name from one address: a stranger's
 // failures elsewhere never refuse alice's right password, and failures
 // with many names from one address never refuse victor's, there or
-// elsewhere, while the guesser's own pair waits.
+// elsewhere, while the guesser's own pair waits. (The budget of password
+// checks, which an address spraying names does spend, is raised here:
+// TestPasswordChecksAreBudgeted is about it.)
 func TestFailedLoginsElsewhereDoNotLockOutAUser(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	f := setupWith(t, func(c *console.Config) { c.LoginBurst, c.LoginTotalBurst = 100, 100 })
 	stranger := f.clientFrom("127.0.0.2")
 	for i := range 8 {
 		if got := f.try(stranger, "alice", fmt.Sprintf("guess %d", i), ""); got != http.StatusUnauthorized && got != http.StatusTooManyRequests {
@@ -164,5 +168,101 @@ func TestUnknownNamesCostTheFilesHighestCost(t *testing.T) {
 	// And it spends its time: an unknown name is refused like a wrong password.
 	if got := f.try(f.client(), "nobody", "guess", ""); got != http.StatusUnauthorized {
 		t.Fatalf("an unknown name: %d", got)
+	}
+}
+
+// clock is a console clock that moves only when told.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// tryWait posts a login and returns its status code and Retry-After.
+func (f *fixture) tryWait(c *http.Client, name, password string) (int, time.Duration) {
+	f.t.Helper()
+	res, _ := f.do(c, "POST", "/login", url.Values{"username": {name}, "password": {password}})
+	var wait time.Duration
+	if ra := res.Header.Get("Retry-After"); ra != "" {
+		s, err := strconv.Atoi(ra)
+		if err != nil || s < 1 {
+			f.t.Fatalf("Retry-After %q: want a positive number of seconds", ra)
+		}
+		wait = time.Duration(s) * time.Second
+	}
+	return res.StatusCode, wait
+}
+
+// Every password check is a bcrypt comparison (some 60 ms of CPU at the
+// users file's least cost), and a name nobody has failed with is never
+// stopped by the failure throttle: a client posting fresh names could
+// make the console compare hashes without pause. So the checks are
+// budgeted before the comparison, per client address and in all: past a
+// budget a login is answered 429 with Retry-After and costs nothing.
+// Another address keeps its own budget; once the whole console's is
+// spent, everybody waits, for no longer than Retry-After says.
+func TestPasswordChecksAreBudgeted(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	clk := &clock{now: time.Now()}
+	f.con.SetNow(clk.Now)
+
+	spray := f.clientFrom("127.0.0.7")
+	checked, refused := 0, 0
+	for i := range 40 {
+		switch code, wait := f.tryWait(spray, fmt.Sprintf("fresh%02d", i), "spring2026"); code {
+		case http.StatusUnauthorized:
+			checked++
+		case http.StatusTooManyRequests:
+			refused++
+			if wait == 0 {
+				t.Fatalf("fresh name %d: 429 without Retry-After", i)
+			}
+		default:
+			t.Fatalf("fresh name %d: %d", i, code)
+		}
+	}
+	if checked > 20 || refused == 0 {
+		t.Fatalf("40 fresh names from one address: %d password checks, %d refused (429); want at most 20 checks", checked, refused)
+	}
+	if code, _ := f.tryWait(f.clientFrom("127.0.0.8"), "alice", operatorPassword); code != http.StatusSeeOther {
+		t.Fatalf("alice from another address while one address is over its budget: %d, want 303", code)
+	}
+
+	// Many addresses, two fresh names each: the console's budget ends it.
+	checked = 0
+	var wait time.Duration
+	for a := 10; a < 60; a++ {
+		c := f.clientFrom(fmt.Sprintf("127.0.0.%d", a))
+		for i := range 2 {
+			code, w := f.tryWait(c, fmt.Sprintf("bot%d_%d", a, i), "spring2026")
+			if code == http.StatusUnauthorized {
+				checked++
+			}
+			wait = max(wait, w)
+		}
+	}
+	if checked > 40 {
+		t.Fatalf("100 fresh names from 50 addresses: %d password checks; want the console's budget to stop most", checked)
+	}
+	home := f.clientFrom("127.0.0.9")
+	code, w := f.tryWait(home, "victor", viewerPassword)
+	if code != http.StatusTooManyRequests || w == 0 || w > time.Minute {
+		t.Fatalf("victor with the console's budget spent: %d, Retry-After %s; want 429 and a short wait", code, w)
+	}
+	clk.Add(w)
+	if code, _ := f.tryWait(home, "victor", viewerPassword); code != http.StatusSeeOther {
+		t.Fatalf("victor after Retry-After: %d, want 303", code)
 	}
 }

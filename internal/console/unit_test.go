@@ -380,3 +380,63 @@ func TestLimiterTablesAreBounded(t *testing.T) {
 		t.Fatalf("after an hour: %d addresses, %d pairs, %d names; want only bob's", addrs, pairs, names)
 	}
 }
+
+// The budget of password checks: a client's burst, then its rate; the
+// console's, whichever client spends it; a wait that ends when both
+// have a check again; one log-worthy refusal each time a bucket runs dry.
+func TestBudget(t *testing.T) {
+	t.Parallel()
+	b := newBudget(0.5, 3, 1, 5)
+	now := time.Unix(1_000_000, 0)
+	take := func(client string, at time.Duration, want refusal, wantWait time.Duration) bool {
+		t.Helper()
+		w, why, first := b.take(client, now.Add(at))
+		if why != want || w != wantWait {
+			t.Fatalf("%s at +%s: refusal %d, wait %s; want %d, %s", client, at, why, w, want, wantWait)
+		}
+		return first
+	}
+	for range 3 {
+		take("a", 0, allowed, 0)
+	}
+	if !take("a", 0, clientSpent, 2*time.Second) {
+		t.Fatal("a's first refusal is not reported as the first")
+	}
+	if take("a", 0, clientSpent, 2*time.Second) {
+		t.Fatal("a second refusal of the same dry bucket is reported as the first")
+	}
+	// The console holds 5: a took 3, b takes the other 2.
+	take("b", 0, allowed, 0)
+	take("b", 0, allowed, 0)
+	if !take("c", 0, totalSpent, time.Second) {
+		t.Fatal("the console's first refusal is not reported as the first")
+	}
+	// Both spent: the longer wait.
+	take("a", 0, clientSpent, 2*time.Second)
+	take("c", time.Second, allowed, 0)
+	if take("d", time.Second, totalSpent, time.Second) != true {
+		t.Fatal("the console's bucket ran dry again; its refusal is not reported")
+	}
+	take("a", 2*time.Second, allowed, 0)
+}
+
+// The budget keeps a client only while its bucket is below full, and
+// makes one only for a check it allows: many addresses, each refused by
+// the console's budget, leave nothing behind.
+func TestBudgetTableIsBounded(t *testing.T) {
+	t.Parallel()
+	b := newBudget(0.5, 10, 5, 20)
+	now := time.Unix(1_000_000, 0)
+	for i := range 10_000 {
+		b.take(fmt.Sprintf("10.0.%d.%d", i/256, i%256), now)
+	}
+	if n := b.size(); n != 20 {
+		t.Fatalf("%d client buckets after 10,000 addresses at once; want the console's 20", n)
+	}
+	// 20 s later every bucket is full again; the next sweep drops them.
+	later := now.Add(budgetSweepGap + time.Second)
+	b.take("10.9.9.9", later)
+	if n := b.size(); n != 1 {
+		t.Fatalf("%d client buckets after the sweep; want 1", n)
+	}
+}
