@@ -38,6 +38,10 @@ type consoleConfig struct {
 	refresh      time.Duration
 	proxiesList  string
 	proxies      []netip.Prefix
+	// The budget of password checks (console.Config.LoginRate and the
+	// rest).
+	loginRate, loginTotalRate   float64
+	loginBurst, loginTotalBurst int
 }
 
 func bindConsole(s *envflag.Set, c *consoleConfig) {
@@ -77,6 +81,12 @@ func bindConsole(s *envflag.Set, c *consoleConfig) {
 		c.proxies = p
 		return nil
 	})
+	s.Float(&c.loginRate, "console-login-rate", "CONSOLE_LOGIN_RATE", console.DefaultLoginRate, 0.001, 1000,
+		"password checks (bcrypt comparisons) a second one client address may ask for, sustained; past them and CONSOLE_LOGIN_BURST a login is answered 429 with Retry-After before its password is checked")
+	s.Int(&c.loginBurst, "console-login-burst", "CONSOLE_LOGIN_BURST", console.DefaultLoginBurst, 1, 10_000, "password checks one client address may ask for at once")
+	s.Float(&c.loginTotalRate, "console-login-total-rate", "CONSOLE_LOGIN_TOTAL_RATE", console.DefaultLoginTotalRate, 0.01, 10_000,
+		"password checks a second for every client together: bounds the CPU logins take, whatever the number of addresses (a check is some 60 ms at bcrypt cost 10)")
+	s.Int(&c.loginTotalBurst, "console-login-total-burst", "CONSOLE_LOGIN_TOTAL_BURST", console.DefaultLoginTotalBurst, 1, 100_000, "password checks every client together may ask for at once")
 	s.Duration(&c.sessionTTL, "console-session-ttl", "CONSOLE_SESSION_TTL", console.DefaultSessionTTL, time.Minute, 30*24*time.Hour, "how long a login lasts")
 	s.Duration(&c.refresh, "console-refresh", "CONSOLE_REFRESH", console.DefaultRefresh, time.Second, time.Hour, "how often the overview refreshes itself")
 	s.Duration(&c.DBTimeout, "db-timeout", "DB_TIMEOUT", outbox.DefaultDBTimeout, 100*time.Millisecond, 10*time.Minute, "bound on the database and NATS work of one page")
@@ -134,7 +144,8 @@ func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, 
 	con, err := console.New(console.Config{
 		Pool: pool, JetStream: js, Users: c.users, Logger: root, DBTimeout: c.DBTimeout,
 		SessionTTL: c.sessionTTL, Refresh: c.refresh, SecureCookie: c.secureCookie || c.tlsCert != "",
-		TrustedProxies: c.proxies,
+		TrustedProxies: c.proxies, LoginRate: c.loginRate, LoginBurst: c.loginBurst,
+		LoginTotalRate: c.loginTotalRate, LoginTotalBurst: c.loginTotalBurst,
 	})
 	if err != nil {
 		return err

@@ -45,6 +45,10 @@ func TestConsoleBadConfigurationNamesTheSetting(t *testing.T) {
 		{"trusted proxies", map[string]string{"CONSOLE_TRUSTED_PROXIES": "10.0.0.0/8, proxy.example"}, `CONSOLE_TRUSTED_PROXIES: "proxy.example" is not an address`},
 		{"trusted prefix", map[string]string{"CONSOLE_TRUSTED_PROXIES": "10.0.0.0/33"}, "CONSOLE_TRUSTED_PROXIES"},
 		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL"},
+		{"login rate", map[string]string{"CONSOLE_LOGIN_RATE": "0"}, "CONSOLE_LOGIN_RATE"},
+		{"login burst", map[string]string{"CONSOLE_LOGIN_BURST": "0"}, "CONSOLE_LOGIN_BURST"},
+		{"login total rate", map[string]string{"CONSOLE_LOGIN_TOTAL_RATE": "x"}, "CONSOLE_LOGIN_TOTAL_RATE"},
+		{"login total burst", map[string]string{"CONSOLE_LOGIN_TOTAL_BURST": "-1"}, "CONSOLE_LOGIN_TOTAL_BURST"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
