@@ -28,16 +28,17 @@ import (
 // listen, who may log in.
 type consoleConfig struct {
 	service.Settings
-	addr         string
-	usersFile    string
-	users        []console.User
-	tlsCert      string
-	tlsKey       string
-	secureCookie bool
-	sessionTTL   time.Duration
-	refresh      time.Duration
-	proxiesList  string
-	proxies      []netip.Prefix
+	addr          string
+	usersFile     string
+	users         []console.User
+	tlsCert       string
+	tlsKey        string
+	allowInsecure bool
+	secureCookie  bool
+	sessionTTL    time.Duration
+	refresh       time.Duration
+	proxiesList   string
+	proxies       []netip.Prefix
 	// The budget of password checks (console.Config.LoginRate and the
 	// rest).
 	loginRate, loginTotalRate   float64
@@ -65,9 +66,16 @@ func bindConsole(s *envflag.Set, c *consoleConfig) {
 	})
 	s.String(&c.tlsCert, "console-tls-cert", "CONSOLE_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with CONSOLE_TLS_KEY")
 	s.String(&c.tlsKey, "console-tls-key", "CONSOLE_TLS_KEY", "", "private key file (PEM) of CONSOLE_TLS_CERT")
+	s.Bool(&c.allowInsecure, "console-allow-insecure", "CONSOLE_ALLOW_INSECURE", false,
+		"serve plain HTTP on a CONSOLE_ADDR other than this host's loopback (passwords and session cookies would cross the network in clear; for a TLS proxy on another host, say so here)")
 	s.Check(func() error {
-		if (c.tlsCert == "") != (c.tlsKey == "") {
+		switch {
+		case (c.tlsCert == "") != (c.tlsKey == ""):
 			return errors.New("CONSOLE_TLS_CERT and CONSOLE_TLS_KEY go together")
+		case c.addr != "" && c.tlsCert == "" && !c.allowInsecure && !service.LoopbackListen(c.addr):
+			return errors.New("-console-addr / CONSOLE_ADDR is not on this host's loopback and the console has no TLS: " +
+				"set CONSOLE_TLS_CERT and CONSOLE_TLS_KEY, listen on 127.0.0.1 behind a TLS proxy, " +
+				"or set CONSOLE_ALLOW_INSECURE=true to serve passwords and session cookies in clear")
 		}
 		return nil
 	})
@@ -165,6 +173,9 @@ func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, 
 		scheme = "https"
 	}
 	log.Info("console started", "addr", ln.Addr().String(), "users", len(c.users), "tls", c.tlsCert != "")
+	if c.tlsCert == "" && !service.LoopbackListen(c.addr) {
+		log.Warn("console serves plain HTTP off this host (CONSOLE_ALLOW_INSECURE): passwords and session cookies cross the network in clear unless a TLS proxy is in front")
+	}
 	if _, err := fmt.Fprintf(stdout, "%s%s://%s\n", console.Announcement, scheme, ln.Addr()); err != nil {
 		ln.Close()
 		return err

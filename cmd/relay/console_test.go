@@ -2,7 +2,17 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,6 +55,12 @@ func TestConsoleBadConfigurationNamesTheSetting(t *testing.T) {
 		{"trusted proxies", map[string]string{"CONSOLE_TRUSTED_PROXIES": "10.0.0.0/8, proxy.example"}, `CONSOLE_TRUSTED_PROXIES: "proxy.example" is not an address`},
 		{"trusted prefix", map[string]string{"CONSOLE_TRUSTED_PROXIES": "10.0.0.0/33"}, "CONSOLE_TRUSTED_PROXIES"},
 		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL"},
+		{"plain text on every interface", map[string]string{"CONSOLE_ADDR": ":8089"}, "CONSOLE_ALLOW_INSECURE"},
+		{"plain text on every IPv4 interface", map[string]string{"CONSOLE_ADDR": "0.0.0.0:8089"}, "CONSOLE_ALLOW_INSECURE"},
+		{"plain text on every IPv6 interface", map[string]string{"CONSOLE_ADDR": "[::]:8089"}, "CONSOLE_ALLOW_INSECURE"},
+		{"plain text on a host's address", map[string]string{"CONSOLE_ADDR": "192.0.2.10:8089"}, "CONSOLE_TLS_CERT"},
+		{"plain text on a host name", map[string]string{"CONSOLE_ADDR": "console.example:8089"}, "CONSOLE_ALLOW_INSECURE"},
+		{"plain text behind a proxy elsewhere", map[string]string{"CONSOLE_ADDR": ":8089", "CONSOLE_SECURE_COOKIE": "true"}, "CONSOLE_ALLOW_INSECURE"},
 		{"login rate", map[string]string{"CONSOLE_LOGIN_RATE": "0"}, "CONSOLE_LOGIN_RATE"},
 		{"login burst", map[string]string{"CONSOLE_LOGIN_BURST": "0"}, "CONSOLE_LOGIN_BURST"},
 		{"login total rate", map[string]string{"CONSOLE_LOGIN_TOTAL_RATE": "x"}, "CONSOLE_LOGIN_TOTAL_RATE"},
@@ -127,5 +143,117 @@ func TestConsoleServesUntilStopped(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay console did not stop")
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key, and returns
+// their files and a pool that trusts the certificate.
+func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "console test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	kb, _ := x509.MarshalECPrivateKey(key)
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile, pool
+}
+
+// startConsole runs relay console with env added to a database, a NATS
+// server and a users file holding alice (password "a long password 1"),
+// and returns the port it announced; it stops when the test ends.
+func startConsole(t *testing.T, env map[string]string) (scheme string, port string) {
+	t.Helper()
+	line, err := console.UserLine("alice", console.RoleOperator, "a long password 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := filepath.Join(t.TempDir(), "users")
+	if err := os.WriteFile(users, []byte(line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env["DATABASE_URL"], env["NATS_URL"], env["CONSOLE_USERS_FILE"] = pgtest.NewMigrated(t), natstest.Start(t).URL(), users
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut testkit.Buffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"relay", "console"}, testkit.EnvMap(env), &out, &errOut) }()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("relay console: exit %d: %s", code, errOut.String())
+		}
+	})
+	var u *url.URL
+	testkit.WaitFor(t, 30*time.Second, "the console's announcement", func() bool {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(out.String()), console.Announcement)
+		if !ok {
+			return false
+		}
+		u, err = url.Parse(rest)
+		return err == nil
+	})
+	return u.Scheme, u.Port()
+}
+
+// A console on an address other than this host's serves HTTPS with
+// CONSOLE_TLS_CERT and CONSOLE_TLS_KEY, and its session cookie is Secure
+// (as well as HttpOnly and SameSite=Strict), so a browser never sends it
+// in clear. Plain text there starts only with CONSOLE_ALLOW_INSECURE.
+func TestConsoleOffThisHostServesTLS(t *testing.T) {
+	t.Parallel()
+	cert, key, pool := selfSigned(t)
+	scheme, port := startConsole(t, map[string]string{"CONSOLE_ADDR": "0.0.0.0:0", "CONSOLE_TLS_CERT": cert, "CONSOLE_TLS_KEY": key})
+	if scheme != "https" {
+		t.Fatalf("announced %s, want https", scheme)
+	}
+	c := &http.Client{
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       30 * time.Second,
+	}
+	res, err := c.PostForm("https://127.0.0.1:"+port+"/login", url.Values{"username": {"alice"}, "password": {"a long password 1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("login over HTTPS: %s", res.Status)
+	}
+	cookies := res.Cookies()
+	if len(cookies) != 1 || !cookies[0].Secure || !cookies[0].HttpOnly || cookies[0].SameSite != http.SameSiteStrictMode {
+		t.Fatalf("session cookie over HTTPS: %+v; want one, Secure, HttpOnly, SameSite=Strict", cookies)
+	}
+
+	scheme, port = startConsole(t, map[string]string{"CONSOLE_ADDR": "0.0.0.0:0", "CONSOLE_ALLOW_INSECURE": "true"})
+	if scheme != "http" {
+		t.Fatalf("announced %s, want http", scheme)
+	}
+	res, err = http.Get("http://127.0.0.1:" + port + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /login in plain text, allowed: %s", res.Status)
 	}
 }

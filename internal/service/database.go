@@ -188,6 +188,15 @@ func LoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// LoopbackListen reports whether a listen address (host:port) is reached
+// from this host only: a loopback address or localhost. An empty host
+// (":8089"), an unspecified address and any other name listen where other
+// hosts reach them.
+func LoopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && host != "" && !strings.HasPrefix(host, "/") && LoopbackHost(host)
+}
+
 // verifiesServer reports whether pgx verifies the server's certificate
 // with c: verify-full leaves Go's verification on; verify-ca (and require
 // with a root CA) turns it off and verifies the chain itself.

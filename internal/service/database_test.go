@@ -151,3 +151,18 @@ func selfSignedCA(t *testing.T) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
+
+// A listen address is this host's only when its host is a loopback
+// address or localhost; every interface, another address or a name is not.
+func TestLoopbackListen(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]bool{
+		"127.0.0.1:8089": true, "127.0.0.2:0": true, "[::1]:8089": true, "localhost:8089": true, "LOCALHOST.:8089": true,
+		":8089": false, "0.0.0.0:8089": false, "[::]:8089": false, "192.0.2.10:8089": false, "console.example:8089": false,
+		"127.0.0.1": false, "": false,
+	} {
+		if got := service.LoopbackListen(addr); got != want {
+			t.Errorf("LoopbackListen(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
