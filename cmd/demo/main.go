@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -29,6 +30,7 @@ import (
 	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -66,7 +68,14 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.keepLogs, "keep-logs", "DEMO_KEEP_LOGS", false, "keep the processes' log directory")
 	s.Bool(&c.idempotent, "idempotent", "DEMO_IDEMPOTENT", false, "the stub honours Idempotency-Key; false (the default) plays a provider without idempotency, as most are: lost answers are settled by lookups and receipts")
 	s.String(&c.undelivered, "undelivered-suffixes", "DEMO_UNDELIVERED_SUFFIXES", "13,37,99", "number endings the stub reports undelivered (3% of the demo's random numbers)")
-	s.String(&c.consoleAddr, "console-addr", "DEMO_CONSOLE_ADDR", "127.0.0.1:8089", "address of the operator console (relay console) the demo starts, a free port if taken; empty starts none. In a terminal the demo keeps it up after the summary until Ctrl-C")
+	s.String(&c.consoleAddr, "console-addr", "DEMO_CONSOLE_ADDR", "127.0.0.1:8089", "address of the operator console (relay console) the demo starts, on this host's loopback (it serves plain HTTP), a free port if taken; empty starts none. In a terminal the demo keeps it up after the summary until Ctrl-C")
+	s.Check(func() error {
+		if c.consoleAddr != "" && !service.LoopbackListen(c.consoleAddr) {
+			return errors.New("-console-addr / DEMO_CONSOLE_ADDR must be a loopback address such as 127.0.0.1:8089: the demo's console serves plain HTTP, " +
+				"and relay console refuses that elsewhere (run relay console with CONSOLE_TLS_CERT for a console other hosts reach)")
+		}
+		return nil
+	})
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
+	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/testkit"
 )
@@ -58,3 +59,27 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 
 // docs/configuration.md lists every setting, generated from bind (make docs).
 func TestSettingsDoc(t *testing.T) { testkit.SettingsDoc(t, "demo", bind) }
+
+// The demo's console serves plain HTTP with the password it prints, so
+// DEMO_CONSOLE_ADDR is this host's loopback only (relay console itself
+// refuses plain text elsewhere); a bad value stops the demo naming it.
+func TestConsoleAddrStaysOnThisHost(t *testing.T) {
+	t.Parallel()
+	for addr, ok := range map[string]bool{
+		"127.0.0.1:8089": true, "localhost:0": true, "[::1]:8089": true, "": true,
+		":8089": false, "0.0.0.0:8089": false, "192.0.2.10:8089": false,
+	} {
+		var c config
+		var errOut bytes.Buffer
+		s := envflag.New("demo", testkit.EnvMap(map[string]string{"DEMO_CONSOLE_ADDR": addr}), &errOut)
+		bind(s, &c)
+		err := s.Parse(nil)
+		if (err == nil) != ok {
+			t.Errorf("DEMO_CONSOLE_ADDR=%q: %v, want accepted %v", addr, err, ok)
+			continue
+		}
+		if err != nil && !strings.Contains(err.Error(), "DEMO_CONSOLE_ADDR") {
+			t.Errorf("DEMO_CONSOLE_ADDR=%q: the error %q does not name it", addr, err)
+		}
+	}
+}
