@@ -64,4 +64,27 @@ func TestShippedCapacitySettings(t *testing.T) {
 	if dlq.MaxAge != relay.DefaultRetentionAge {
 		t.Errorf("SMS_DLQ max_age = %s, relay default retention %s: want them equal", dlq.MaxAge, relay.DefaultRetentionAge)
 	}
+
+	// Dead letters are bounded in bytes too, refusing new letters when
+	// full: a refused letter stays due on its row and the reconciler
+	// stores it once there is room, while discard old would drop stored
+	// letters in silence. The bound holds max_age of letters at 1 % of
+	// the plan, at 450 B each (a letter with a short error takes 432 B
+	// of store), and 50,000 letters of max_msg_size (an invalid payload
+	// kept whole) at any time.
+	if dlq.MaxBytes <= 0 || dlq.Discard != jetstream.DiscardNew {
+		t.Errorf("SMS_DLQ max_bytes = %d, discard = %v; want a bound and discard new", dlq.MaxBytes, dlq.Discard)
+	}
+	const letterBytes, deadPerDay = 450, planPerDay / 100
+	if need := int64(letterBytes * deadPerDay * dlq.MaxAge.Hours() / 24); dlq.MaxBytes < need {
+		t.Errorf("SMS_DLQ max_bytes = %d, below %d (max_age of letters at 1%% of the 100M/day plan, %d B each)", dlq.MaxBytes, need, letterBytes)
+	}
+	if need := 50_000 * int64(dlq.MaxMsgSize); dlq.MaxMsgSize <= 0 || dlq.MaxBytes < need {
+		t.Errorf("SMS_DLQ max_bytes = %d, below 50,000 letters of max_msg_size %d", dlq.MaxBytes, dlq.MaxMsgSize)
+	}
+	// JetStream reserves every stream's max_bytes in the server's
+	// max_file_store: keep the two within 24 GiB.
+	if sum := sms.MaxBytes + dlq.MaxBytes; sum > 24<<30 {
+		t.Errorf("SMS and SMS_DLQ max_bytes add up to %d, over 24 GiB of reserved store", sum)
+	}
 }

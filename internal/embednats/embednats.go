@@ -43,7 +43,7 @@ func Start(cfg Config) (*server.Server, error) {
 		MaxPayload:         1 << 20,
 		JetStreamMaxMemory: 256 << 20,
 		// A cap, not an allocation: room for the reservation of SMS's
-		// max_bytes (16 GiB, nats/SMS.stream.json).
+		// max_bytes (16 GiB, nats/SMS.stream.json) and SMS_DLQ's (4 GiB).
 		JetStreamMaxStore: 64 << 30,
 	}
 	if cfg.Options != nil {

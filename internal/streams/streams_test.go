@@ -2,6 +2,7 @@ package streams_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -234,5 +235,61 @@ func TestLanesMatchTheConsumers(t *testing.T) {
 		if streams.LaneOf(l.Priority) != l {
 			t.Errorf("LaneOf(%d) = %+v", l.Priority, streams.LaneOf(l.Priority))
 		}
+	}
+}
+
+// SMS_DLQ used to have no bound and to drop its oldest letters when one
+// was set by hand (discard old). The start-up that brings this release's
+// file bounds an existing stream in place, discard new, and keeps every
+// letter it holds, even more than the new bound (a full stream refuses
+// new letters; it never drops stored ones).
+func TestEnsureBoundsAnExistingDeadLetterStream(t *testing.T) {
+	t.Parallel()
+	topo, err := streams.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(topo.Streams, func(c jetstream.StreamConfig) bool { return c.Name == streams.DeadLetterStream })
+	want := topo.Streams[i]
+	if want.MaxBytes <= 0 || want.Discard != jetstream.DiscardNew {
+		t.Fatalf("nats/SMS_DLQ.stream.json: max_bytes %d, discard %s; want a bound and discard new", want.MaxBytes, want.Discard)
+	}
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The stream as the previous release made it, holding 40 letters.
+	old := want
+	old.MaxBytes, old.Discard = -1, jetstream.DiscardOld
+	if _, err := js.CreateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if _, err := js.Publish(ctx, streams.SubjectDeadLetter, []byte(strings.Repeat("l", 200)), jetstream.WithMsgID(fmt.Sprint("dlq:", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Scaled down, so that the 40 letters are over the bound.
+	topo.Streams[i].MaxBytes = 4 << 10
+	changed, err := topo.Ensure(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(changed, "stream SMS_DLQ updated") {
+		t.Fatalf("Ensure = %q; want SMS_DLQ updated", changed)
+	}
+	s, err := js.Stream(ctx, streams.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := s.CachedInfo()
+	if info.Config.MaxBytes != 4<<10 || info.Config.Discard != jetstream.DiscardNew {
+		t.Fatalf("SMS_DLQ after Ensure: max_bytes %d, discard %s", info.Config.MaxBytes, info.Config.Discard)
+	}
+	if info.State.Msgs != 40 || info.State.FirstSeq != 1 {
+		t.Fatalf("SMS_DLQ after Ensure holds %d letters from %d; want the 40 from 1", info.State.Msgs, info.State.FirstSeq)
+	}
+	if _, err := js.Publish(ctx, streams.SubjectDeadLetter, []byte("one more"), jetstream.WithMsgID("dlq:40")); err == nil {
+		t.Fatal("SMS_DLQ over its bound took a new letter")
 	}
 }
