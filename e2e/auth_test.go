@@ -27,17 +27,11 @@ import (
 // the password "pw-" + its name.
 func deployedNATSUsers(t *testing.T) []*server.User {
 	t.Helper()
-	for _, u := range []string{"ADMIN", "RELAY", "SENDER", "OPERATOR"} {
-		t.Setenv("NATS_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
+	users := natstest.DeployedUsers(t, "../deploy/nats/nats.conf")
+	if len(users) != 4 {
+		t.Fatalf("deploy/nats: %d users, want admin, relay, sender and operator", len(users))
 	}
-	opts, err := server.ProcessConfigFile("../deploy/nats/nats.conf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(opts.Users) != 4 {
-		t.Fatalf("deploy/nats: %d users, want admin, relay, sender and operator", len(opts.Users))
-	}
-	return opts.Users
+	return users
 }
 
 // The deployment's least-privilege users: relay setup as admin creates the

@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,22 @@ func (s *Server) EnsureTopology(t testing.TB) *streams.Topology {
 		t.Fatalf("natstest: ensure topology: %v", err)
 	}
 	return topo
+}
+
+// DeployedUsers loads the users and permission sets of a deployment's
+// nats-server config (deploy/nats/nats.conf, which includes auth.conf),
+// each with the password "pw-" + its name, set through the variables the
+// file reads them from: t.Setenv, so t may not run in parallel.
+func DeployedUsers(t testing.TB, conf string) []*server.User {
+	t.Helper()
+	for _, u := range []string{"ADMIN", "RELAY", "SENDER", "OPERATOR"} {
+		t.Setenv("NATS_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	return opts.Users
 }
 
 // StartCluster starts a JetStream cluster of n nats-server processes for t
