@@ -167,6 +167,10 @@ type Faults struct {
 	// show it, but no receipt is sent, as when a provider's callbacks are
 	// lost. Default 0.
 	ReceiptLossRate float64
+	// GenericOnly keeps the Twilio facade out of the faults: they act on
+	// the generic API's requests alone, as on the first of two providers
+	// while the second answers normally. Default false (both).
+	GenericOnly bool
 }
 
 // normalized returns f with defaults applied, or an error naming the first
@@ -244,6 +248,7 @@ type faultsJSON struct {
 	DropRate      float64      `json:"drop_rate"`
 	LookupFail    float64      `json:"lookup_fail_rate"`
 	ReceiptLoss   float64      `json:"receipt_loss_rate"`
+	GenericOnly   bool         `json:"generic_only,omitempty"`
 }
 
 // MarshalJSON encodes f with snake_case names and duration strings.
@@ -263,6 +268,7 @@ func (f Faults) MarshalJSON() ([]byte, error) {
 		DropRate:      f.DropRate,
 		LookupFail:    f.LookupFailRate,
 		ReceiptLoss:   f.ReceiptLossRate,
+		GenericOnly:   f.GenericOnly,
 	})
 }
 
@@ -290,6 +296,7 @@ func (f *Faults) UnmarshalJSON(data []byte) error {
 		DropRate:        w.DropRate,
 		LookupFailRate:  w.LookupFail,
 		ReceiptLossRate: w.ReceiptLoss,
+		GenericOnly:     w.GenericOnly,
 	}
 	return nil
 }

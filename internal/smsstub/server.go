@@ -535,6 +535,9 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 	// random source needs anyway; a later SetFaults does not affect this
 	// request.
 	f := s.faults
+	if f.GenericOnly && sh != shapeGeneric {
+		f = Faults{}
+	}
 	gen := s.gen
 	delay := f.Latency
 	if f.LatencyJitter > 0 {

@@ -826,12 +826,12 @@ func TestFaultsJSON(t *testing.T) {
 	t.Parallel()
 	in := Faults{FailRate: 0.25, FailStatus: 502, FailCode: 30008, RateLimitRate: 0.5, RetryAfter: 2 * time.Second,
 		RateLimit: 200, RateBurst: 20,
-		Latency: 20 * time.Millisecond, LatencyJitter: 5 * time.Millisecond, WithholdRate: 0.1, WithholdMode: WithholdClose}
+		Latency: 20 * time.Millisecond, LatencyJitter: 5 * time.Millisecond, WithholdRate: 0.1, WithholdMode: WithholdClose, GenericOnly: true}
 	b, err := json.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `{"fail_rate":0.25,"fail_status":502,"fail_code":30008,"rate_limit_rate":0.5,"retry_after":"2s","rate_limit":200,"rate_burst":20,"latency":"20ms","latency_jitter":"5ms","withhold_rate":0.1,"withhold_mode":"close","drop_rate":0,"lookup_fail_rate":0,"receipt_loss_rate":0}`
+	const want = `{"fail_rate":0.25,"fail_status":502,"fail_code":30008,"rate_limit_rate":0.5,"retry_after":"2s","rate_limit":200,"rate_burst":20,"latency":"20ms","latency_jitter":"5ms","withhold_rate":0.1,"withhold_mode":"close","drop_rate":0,"lookup_fail_rate":0,"receipt_loss_rate":0,"generic_only":true}`
 	if string(b) != want {
 		t.Errorf("marshal:\n got %s\nwant %s", b, want)
 	}
