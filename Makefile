@@ -28,6 +28,8 @@ crash-build:
 # lookups page through each number's messages.
 # SOAK_ARGS="-provider failover" two providers (SMS_PROVIDERS=generic,twilio),
 # the faults on the first: no message may go out through both.
+# SOAK_ARGS="-provider pair" the same list without lookups, the first honouring
+# keys, with rolling restarts of the senders: no row may end unknown.
 soak: build crash-build
 	./$(BIN)/soak -bin $(CRASH_BIN) $(SOAK_ARGS)
 

@@ -296,7 +296,7 @@ func (s *soak) check(ctx context.Context) (*result, error) {
 		s.logf("evidence: %d lookups (%d failed), %d receipts answered 2xx (%d tries failed, %d given up); recorded: %s",
 			stats.Lookups, stats.LookupFailures, stats.ReceiptsSent, stats.ReceiptFailures, stats.ReceiptsGivenUp, ev)
 	}
-	if s.cfg.provider == providerFailover {
+	if s.cfg.provider == providerFailover || s.cfg.provider == providerPair {
 		line, err := s.providerShares(cctx)
 		if err != nil {
 			return nil, err
@@ -440,7 +440,7 @@ func (r *result) classify(id uuid.UUID, row dbRow, ok bool, d smsstub.Delivery, 
 				r.unknownDelivered++
 			}
 			switch provider {
-			case providerNonIdempotent:
+			case providerNonIdempotent, providerPair:
 				b.why = "unknown, though no fault drawn can make an outcome unknown: " + row.lastErr
 				r.unknownForbidden = append(r.unknownForbidden, b)
 			case providerLookup, providerTwilio, providerFailover:

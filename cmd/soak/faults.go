@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -28,6 +29,11 @@ var faultKinds = []string{
 	"provider_reset", // reset the connections between senders and stub after the request
 	"db_cut",         // cut relays' and senders' database connections
 	"db_outage",      // partition Postgres from relays and senders for 15-35 s
+	// Every sender in turn stopped gracefully (SIGTERM) and started again,
+	// with the provider slowed so that each holds messages it fetched and
+	// has not started: they go back to JetStream unclaimed, which is no
+	// doubt (a rolling restart, the most routine act there is).
+	"rolling_restart",
 }
 
 // lookupFaultKinds are drawn besides faultKinds where the senders look up
@@ -47,8 +53,8 @@ var lookupFaultKinds = []string{
 
 // earlyKinds come in the first third of the first deck: a short run (the
 // 5,000 rows of CI) sees fewer faults than a deck holds, and these are the
-// composed faults it is run for.
-var earlyKinds = []string{"pg_failover", "receipts_lost"}
+// composed faults and the routine operation it is run for.
+var earlyKinds = []string{"pg_failover", "receipts_lost", "rolling_restart"}
 
 // kindsFor returns the fault kinds drawn for a provider mode. At a provider
 // without idempotency and without lookups, a sender killed mid-call, a lost
@@ -64,8 +70,14 @@ func kindsFor(provider string) []string {
 	}
 	var out []string
 	for _, k := range faultKinds {
-		switch k {
-		case "sender_kill", "crashpoint", "lost_responses", "provider_reset":
+		switch {
+		case provider == providerPair && (k == "sender_kill" || k == "crashpoint" || k == "broker_restart"):
+			// With SMS_PROVIDERS and no lookups, a message fetched by a
+			// killed sender (or held through a broker restart) comes back
+			// looking like one whose claim a failover lost: a provider
+			// that cannot be asked then makes the row unknown, by design.
+			// Routine operations and the provider's faults must not.
+		case provider == providerNonIdempotent && (k == "sender_kill" || k == "crashpoint" || k == "lost_responses" || k == "provider_reset"):
 		default:
 			out = append(out, k)
 		}
@@ -242,6 +254,8 @@ func (s *soak) inject(ctx context.Context, kind string) (string, bool, error) {
 		return s.pgFailover(ctx)
 	case "receipts_lost":
 		return s.stubFault(ctx, smsstub.Faults{ReceiptLossRate: 0.5}, "receipt_loss_rate 0.5")
+	case "rolling_restart":
+		return s.rollingRestart(ctx)
 	}
 	return "", false, fmt.Errorf("unknown fault kind %q", kind)
 }
@@ -275,6 +289,39 @@ func (s *soak) signalRestart(ctx context.Context, sl *slot, sig syscall.Signal) 
 		return "", true, err
 	}
 	return fmt.Sprintf("%s %s, restarted after %s%s", sl.name, sigName(sig), pause.Round(time.Millisecond), note), true, nil
+}
+
+// rollingRestart stops every sender gracefully in turn and starts it
+// again, as a deployment does, while the provider answers slowly (300 ms a
+// new message), so that each sender holds fetched messages it has not
+// started when it stops.
+func (s *soak) rollingRestart(ctx context.Context) (string, bool, error) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	_, err := smsstub.PostFaults(actx, s.stub.url, smsstub.Faults{Latency: 300 * time.Millisecond, GenericOnly: s.cfg.provider == providerPair})
+	cancel()
+	if err != nil {
+		return "", false, err
+	}
+	var steps []string
+	var stepErr error
+	for _, sl := range s.senders {
+		_ = sleepCtx(ctx, s.uniform(500*time.Millisecond, 1500*time.Millisecond))
+		what, _, err := s.signalRestart(ctx, sl, syscall.SIGTERM)
+		if err != nil {
+			stepErr = err
+			break
+		}
+		steps = append(steps, what)
+	}
+	cctx, cancel2 := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel2()
+	if _, err := smsstub.PostFaults(cctx, s.stub.url, smsstub.Faults{}); err != nil {
+		return "", true, errors.Join(stepErr, err)
+	}
+	if stepErr != nil {
+		return strings.Join(steps, "; "), true, stepErr
+	}
+	return "provider latency 300ms; " + strings.Join(steps, "; "), true, nil
 }
 
 func sigName(sig syscall.Signal) string {
@@ -335,6 +382,7 @@ func (s *soak) crashPoint(ctx context.Context) (string, bool, error) {
 // stubFault sets the stub's faults for 2 to 5 seconds, then clears them.
 func (s *soak) stubFault(ctx context.Context, f smsstub.Faults, what string) (string, bool, error) {
 	d := s.uniform(2*time.Second, 5*time.Second)
+	f.GenericOnly = s.cfg.provider == providerPair
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if _, err := smsstub.PostFaults(actx, s.stub.url, f); err != nil {

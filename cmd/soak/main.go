@@ -148,6 +148,16 @@ const (
 	// message where it went. One stub serves both, so a message sent
 	// through both counts two deliveries. The verdict is providerLookup's.
 	providerFailover = "failover"
+	// providerPair: SMS_PROVIDERS=generic,twilio without lookups, the
+	// generic API honouring keys (through the proxy the faults act on;
+	// the stub's faults act on it alone) and the stub's Twilio facade
+	// second (without idempotency, reached directly, answering normally). The routine operations (a rolling restart, a graceful
+	// stop, a relay killed) and the provider's faults are drawn, not a
+	// sender killed or the broker restarted (whose redeliveries look like
+	// a claim a failover lost, which a provider that cannot be asked ends
+	// unknown by design): any row that ends unknown fails the soak, and
+	// so does a message sent through both.
+	providerPair = "pair"
 )
 
 // twilioFrom is the senders' TWILIO_FROM with -provider twilio.
@@ -196,11 +206,12 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.holdOnFailure, "hold-on-failure", "SOAK_HOLD_ON_FAILURE", false,
 		"on a duplicate or a loss, keep NATS, the stub and the processes running (print how to reach them) until SIGINT or -hold-max")
 	s.Duration(&c.holdMax, "hold-max", "SOAK_HOLD_MAX", time.Hour, time.Second, 24*time.Hour, "longest hold with -hold-on-failure")
-	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent, providerLookup, providerTwilio, providerFailover},
+	s.Enum(&c.provider, "provider", "SOAK_PROVIDER", providerIdempotent, []string{providerIdempotent, providerNonIdempotent, providerLookup, providerTwilio, providerFailover, providerPair},
 		"idempotent: the stub honours keys, every fault kind; non-idempotent: the stub ignores keys, only faults that cannot make an outcome unknown, and any unknown row fails the soak; "+
 			"lookup: the stub ignores keys and sends signed receipts to a receiver, the senders look up (SMS_API_LOOKUP=true), every fault kind and Postgres failovers (a primary and a standby of the soak's own), and each row must end as the stub decided, delivered once, none unknown; "+
 			"twilio: as lookup, at the stub's Twilio facade through the senders' Twilio adapter, with the rows sent to a pool of numbers (ten per 2,500 rows) whose lists of messages span pages; "+
-			"failover: as lookup, with SMS_PROVIDERS=generic,twilio (the faults act on the first), and no message sent through both")
+			"failover: as lookup, with SMS_PROVIDERS=generic,twilio (the faults act on the first), and no message sent through both; "+
+			"pair: SMS_PROVIDERS=generic,twilio without lookups, the first honouring keys, the routine operations and the provider's faults (no sender killed, no broker restart), any unknown row or message sent through both fails the soak")
 	s.Bool(&c.cluster, "cluster", "SOAK_CLUSTER", false,
 		"run NATS as a 3-node JetStream cluster of nats-server processes (NATS_REPLICAS=3, sync_interval always), with leader kills, node restarts and a node's store loss among the faults")
 	s.String(&c.natsServer, "nats-server", "SOAK_NATS_SERVER", "", "nats-server binary for -cluster (default: nats-server in -bin, else beside the soak binary, where make build puts it)")

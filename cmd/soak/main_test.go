@@ -117,7 +117,7 @@ func TestLine(t *testing.T) {
 	f.add("db_cut")
 	r := &result{rows: 10, faults: f.summary(), sent: 9, dead: 1, dups: []badRow{{}}}
 	got := r.line(9*time.Minute + 12*time.Second + 300*time.Millisecond)
-	want := "soak: rows 10; faults 3 (sender_kill 1, relay_kill 0, crashpoint 0, sender_term 0, broker_restart 0, lost_responses 0, burst_5xx 0, storm_429 0, provider_reset 0, db_cut 2, db_outage 0); sent 9, dead 1, unknown 0; duplicates 1; dead but delivered 0; lost 0; wall 9m12s"
+	want := "soak: rows 10; faults 3 (sender_kill 1, relay_kill 0, crashpoint 0, sender_term 0, broker_restart 0, lost_responses 0, burst_5xx 0, storm_429 0, provider_reset 0, db_cut 2, db_outage 0, rolling_restart 0); sent 9, dead 1, unknown 0; duplicates 1; dead but delivered 0; lost 0; wall 9m12s"
 	if got != want {
 		t.Fatalf("line:\n got %s\nwant %s", got, want)
 	}

@@ -136,7 +136,7 @@ type stubProc struct {
 func startStub(ctx context.Context, binDir, logDir, apiKey, provider, twilioSID string) (*stubProc, error) {
 	args := []string{"-addr", "127.0.0.1:0"}
 	env := []string{"SMS_API_KEY=" + apiKey}
-	if provider != providerIdempotent {
+	if provider != providerIdempotent && provider != providerPair {
 		args = append(args, "-ignore-keys")
 	}
 	if provider == providerLookup || provider == providerTwilio || provider == providerFailover {

@@ -108,7 +108,7 @@ func (s *soak) lookups() bool {
 // twilio reports whether the senders speak to the stub's Twilio facade
 // (-provider twilio, or failover's second provider).
 func (s *soak) twilio() bool {
-	return s.cfg.provider == providerTwilio || s.cfg.provider == providerFailover
+	return s.cfg.provider == providerTwilio || s.cfg.provider == providerFailover || s.cfg.provider == providerPair
 }
 
 // sweepsReceipts reports whether the senders look up the rows whose receipt
@@ -216,7 +216,7 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	case providerTwilio:
 		providerEnv = append(providerEnv, "SMS_PROVIDER=twilio", "TWILIO_ACCOUNT_SID="+s.twilioSID,
 			"TWILIO_AUTH_TOKEN="+s.apiKey, "TWILIO_FROM="+twilioFrom)
-	case providerFailover:
+	case providerFailover, providerPair:
 		// The faults act on the first (through the proxy); the second is
 		// the same stub's Twilio facade, reached directly.
 		providerEnv = append(providerEnv, "SMS_PROVIDERS=generic,twilio", "SMS_API_KEY="+s.apiKey,
@@ -226,7 +226,12 @@ func (s *soak) run(ctx context.Context) (failed bool, err error) {
 	}
 	senderEnv := append(providerEnv[:len(providerEnv):len(providerEnv)],
 		"SMS_API_TIMEOUT=1s", "RETRY_BASE=100ms", "RETRY_CAP=2s", "SENDER_LEASE=3s", "SENDER_CONCURRENCY=32",
-		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", s.cfg.provider == providerIdempotent))
+		fmt.Sprintf("SMS_API_IDEMPOTENT=%t", s.cfg.provider == providerIdempotent || s.cfg.provider == providerPair))
+	if s.cfg.provider == providerPair {
+		// No receiver: the callback URL only carries each message's row
+		// id to the stub's Twilio facade, which keys its deliveries by it.
+		senderEnv = append(senderEnv, "RECEIPTS_PUBLIC_URL=http://127.0.0.1:1", "RECEIPTS_ALLOW_INSECURE=true")
+	}
 	if s.cfg.drill != "" && !s.cfg.drillShort {
 		// A drill times the recovery a deployment that changed nothing
 		// would see: every timing setting at its default.
