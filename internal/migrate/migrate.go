@@ -30,6 +30,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -181,10 +182,15 @@ func Down(ctx context.Context, conn *pgx.Conn, migrations []Migration, steps int
 var quiet = slog.New(slog.DiscardHandler)
 
 // Up applies every migration not yet recorded in the database, in order, and
-// returns the versions it applied.
+// returns the versions it applied. It refuses (ErrSchemaOpen) a schema in
+// which roles other than its owner may create objects, before it applies
+// anything and on every run.
 func (m *Migrator) Up(ctx context.Context, conn *pgx.Conn, migrations []Migration) ([]int, error) {
 	var applied []int
 	err := withLock(ctx, conn, func() error {
+		if err := checkSchema(ctx, conn); err != nil {
+			return err
+		}
 		done, err := appliedVersions(ctx, conn)
 		if err != nil {
 			return err
@@ -239,6 +245,52 @@ func (m *Migrator) Down(ctx context.Context, conn *pgx.Conn, migrations []Migrat
 		return nil
 	})
 	return reverted, err
+}
+
+// ErrSchemaOpen is returned by Up when roles other than the owner of the
+// schema the migrations create their objects in may create objects there.
+var ErrSchemaOpen = errors.New("roles other than the schema's owner may create objects in it")
+
+// openSchemaSQL lists who, besides the owner of the current schema, may
+// create in it: PUBLIC, or a role that is neither a superuser nor a member
+// of the schema's owner or of the tables' owner (the migrating role until
+// sms_outbox exists). A role that may create there can plant a function or
+// an operator that matches a call better than the built-in one; the
+// functions that run with the table owner's rights name every function
+// they call with its schema (migration 0023), and this keeps the schema
+// closed besides.
+const openSchemaSQL = `
+SELECT pg_catalog.quote_ident(n.nspname),
+       CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(r.rolname) END
+FROM pg_catalog.pg_namespace n
+CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) AS a
+LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+WHERE n.nspname = pg_catalog.current_schema() AND a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner
+  AND (a.grantee = 0 OR NOT (r.rolsuper
+       OR pg_catalog.pg_has_role(a.grantee, n.nspowner, 'MEMBER')
+       OR pg_catalog.pg_has_role(a.grantee, coalesce(
+            (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('sms_outbox')),
+            (SELECT u.oid FROM pg_catalog.pg_roles u WHERE u.rolname = current_user)), 'MEMBER')))
+ORDER BY 2`
+
+// checkSchema returns an error wrapping ErrSchemaOpen, naming the REVOKE
+// statements that close the schema, when openSchemaSQL finds anyone.
+func checkSchema(ctx context.Context, conn *pgx.Conn) error {
+	rows, _ := conn.Query(ctx, openSchemaSQL)
+	var grantees, revokes []string
+	var schema, grantee string
+	if _, err := pgx.ForEachRow(rows, []any{&schema, &grantee}, func() error {
+		grantees = append(grantees, grantee)
+		revokes = append(revokes, "REVOKE CREATE ON SCHEMA "+schema+" FROM "+grantee)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("check who may create in the schema: %w", err)
+	}
+	if len(revokes) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: in schema %s, %s may create functions and operators that sendonce's own functions, which run with the table owner's rights, could be made to call; as the schema's owner run %s; then run relay migrate again (docs/security.md, \"The schema\")",
+		ErrSchemaOpen, schema, strings.Join(grantees, ", "), strings.Join(revokes, "; "))
 }
 
 // refuseRows returns ErrNotEmpty when sms_outbox exists and holds a row.

@@ -319,3 +319,67 @@ func TestCheckEmbeddedFindsAMissingOlderMigration(t *testing.T) {
 		t.Fatalf("CheckEmbedded after migrate: %v", err)
 	}
 }
+
+// A schema where roles other than its owner may create (PUBLIC, as on a
+// database upgraded from Postgres 14 or earlier, or a component's role)
+// lets them plant functions and operators in the path of the functions
+// that run with the table owner's rights: migrate refuses it, naming the
+// statement that closes it, before it applies anything, and on every run.
+func TestUpRefusesASchemaOthersMayCreateIn(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migs, err := migrate.Load(sendonce.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`GRANT CREATE ON SCHEMA public TO PUBLIC`)
+	applied, err := migrate.Up(ctx, conn, migs)
+	if !errors.Is(err, migrate.ErrSchemaOpen) || !strings.Contains(err.Error(), "REVOKE CREATE ON SCHEMA public FROM PUBLIC") || len(applied) != 0 {
+		t.Fatalf("Up over a schema PUBLIC may create in: applied %v, %v; want ErrSchemaOpen naming REVOKE CREATE ON SCHEMA public FROM PUBLIC", applied, err)
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('sms_outbox') IS NOT NULL`).Scan(&exists); err != nil || exists {
+		t.Fatalf("sms_outbox exists (%v) after a refused migration", err)
+	}
+	exec(`REVOKE CREATE ON SCHEMA public FROM PUBLIC`)
+	if _, err := migrate.Up(ctx, conn, migs); err != nil {
+		t.Fatal(err)
+	}
+	// A role of its own, not the owner, granted CREATE later: the next run
+	// refuses as well, naming it.
+	role := fmt.Sprintf("sendonce_creator_%d", time.Now().UnixNano())
+	exec(`CREATE ROLE ` + role + ` NOLOGIN`)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), url)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), `REVOKE ALL ON SCHEMA public FROM `+role)
+			c.Close(context.Background())
+		}
+		if a, err := pgx.Connect(context.Background(), pgtest.AdminURL()); err == nil {
+			_, _ = a.Exec(context.Background(), `DROP ROLE IF EXISTS `+role)
+			a.Close(context.Background())
+		}
+	})
+	exec(`GRANT CREATE ON SCHEMA public TO ` + role)
+	if _, err := migrate.Up(ctx, conn, migs); !errors.Is(err, migrate.ErrSchemaOpen) ||
+		!strings.Contains(err.Error(), "REVOKE CREATE ON SCHEMA public FROM "+role) {
+		t.Fatalf("Up with CREATE granted to %s: %v; want ErrSchemaOpen naming the REVOKE", role, err)
+	}
+	exec(`REVOKE CREATE ON SCHEMA public FROM ` + role)
+	if _, err := migrate.Up(ctx, conn, migs); err != nil {
+		t.Fatal(err)
+	}
+}
