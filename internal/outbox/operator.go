@@ -94,16 +94,19 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 	for _, t := range targets {
 		ids = append(ids, t.ID)
 	}
-	read := `SELECT id, status, publish_gen, coalesce(end_reason, '') FROM sms_outbox
+	read := `SELECT id, status, publish_gen, coalesce(end_reason, ''), false FROM sms_outbox
 		WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 	if opts.Audit != nil {
-		read = `SELECT id, status, publish_gen, coalesce(end_reason, '') FROM sendonce_replay_rows($1)`
+		// The console's function locks only the dead rows, and skips one
+		// another transaction holds (held) rather than wait for it.
+		read = `SELECT id, status, publish_gen, coalesce(end_reason, ''), held FROM sendonce_replay_rows($1)`
 	}
 	rows, _ := tx.Query(ctx, read, uuidArray(ids))
 	type cur struct {
 		status State
 		gen    int32
 		reason string
+		held   bool
 	}
 	byID := map[uuid.UUID]cur{}
 	var (
@@ -111,7 +114,7 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		c      cur
 		status string
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&id, &status, &c.gen, &c.reason}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status, &c.gen, &c.reason, &c.held}, func() error {
 		c.status = State(status)
 		byID[id] = c
 		return nil
@@ -144,6 +147,8 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 		switch {
 		case !ok:
 			r.Refused = "no such row"
+		case c.held:
+			r.Refused = "another transaction holds the row (a receipt or a status write): try again"
 		case c.status != StatusDead && c.status != StatusUnknown:
 			r.Refused = refusal(c.status)
 		case !matches(t, c.gen, c.reason):
