@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
@@ -45,6 +46,7 @@ type config struct {
 	sinchSecret    string
 	telnyxKey      string
 	publicURL      string
+	defaultProv    string
 	allowInsecure  bool
 	tlsCert        string
 	tlsKey         string
@@ -62,6 +64,8 @@ func bind(s *envflag.Set, c *config) {
 	s.String(&c.telnyxKey, "telnyx-public-key", "TELNYX_PUBLIC_KEY", "", "Telnyx public key (base64, from Telnyx's portal) that verifies the Ed25519 signatures of Messaging webhooks; enables /v1/receipts/telnyx")
 	s.String(&c.publicURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "this receiver's base URL as the provider calls it (Twilio signs the full URL); required with TWILIO_AUTH_TOKEN")
 	s.URL(&c.publicURL, "receipts-public-url", "http", "https")
+	s.String(&c.defaultProv, "receipts-default-provider", "RECEIPTS_DEFAULT_PROVIDER", "",
+		"the provider whose receipts may settle rows that name none (sent with a single SMS_PROVIDER, or attempted before migration 0019): generic, twilio, vonage, sinch, telnyx or none; set it to SMS_PROVIDER when this receiver verifies more than one provider's receipts; empty: the one provider it verifies, or none when it verifies several (docs/receipts.md)")
 	provider.BindReceiptsAllowInsecure(s, &c.allowInsecure)
 	s.String(&c.tlsCert, "receipts-tls-cert", "RECEIPTS_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with RECEIPTS_TLS_KEY (else terminate TLS in front)")
 	s.String(&c.tlsKey, "receipts-tls-key", "RECEIPTS_TLS_KEY", "", "private key file (PEM) of RECEIPTS_TLS_CERT")
@@ -87,9 +91,31 @@ func bind(s *envflag.Set, c *config) {
 			return errors.New("-telnyx-public-key / TELNYX_PUBLIC_KEY must be the 32-byte Ed25519 public key in base64, as Telnyx's portal gives it")
 		case (c.tlsCert == "") != (c.tlsKey == ""):
 			return errors.New("RECEIPTS_TLS_CERT and RECEIPTS_TLS_KEY go together")
+		case !slices.Contains([]string{"", "generic", "twilio", "vonage", "sinch", "telnyx", "none"}, c.defaultProv):
+			return fmt.Errorf("-receipts-default-provider / RECEIPTS_DEFAULT_PROVIDER = %q: must be generic, twilio, vonage, sinch, telnyx or none", c.defaultProv)
+		case !verifies(c, c.defaultProv):
+			return fmt.Errorf("-receipts-default-provider / RECEIPTS_DEFAULT_PROVIDER=%s: this receiver verifies no %s receipts (set that provider's secret, or name another)", c.defaultProv, c.defaultProv)
 		}
 		return provider.ReceiptsURLCheck(c.publicURL, c.allowInsecure)
 	})
+}
+
+// verifies reports whether c verifies the receipts of provider; "" and
+// "none" need none.
+func verifies(c *config, provider string) bool {
+	switch provider {
+	case "generic":
+		return c.secret != ""
+	case "twilio":
+		return c.twilioToken != ""
+	case "vonage":
+		return c.vonageSecret != ""
+	case "sinch":
+		return c.sinchSecret != ""
+	case "telnyx":
+		return c.telnyxKey != ""
+	}
+	return true
 }
 
 func validTelnyxKey(s string) bool {
@@ -142,7 +168,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 	}
 	rv, err := receiver.New(receiver.Config{
 		Pool: pool, Secrets: secrets, TwilioToken: c.twilioToken, VonageSecret: []byte(c.vonageSecret), SinchSecret: []byte(c.sinchSecret),
-		TelnyxPublicKey: telnyxKey, PublicURL: c.publicURL, Window: c.window, DBTimeout: c.DBTimeout, Logger: root, Registerer: tel.Registry,
+		TelnyxPublicKey: telnyxKey, PublicURL: c.publicURL, DefaultProvider: c.defaultProv, Window: c.window, DBTimeout: c.DBTimeout, Logger: root, Registerer: tel.Registry,
 	})
 	if err != nil {
 		return err
@@ -163,6 +189,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 		scheme = "https"
 	}
 	log.Info("receiver started", "addr", ln.Addr().String(), "generic", len(secrets) > 0, "twilio", c.twilioToken != "", "vonage", c.vonageSecret != "", "sinch", c.sinchSecret != "", "telnyx", c.telnyxKey != "",
+		"default_provider", rv.DefaultProvider(),
 		"tls", c.tlsCert != "", "batch_window", c.window.String())
 	if _, err := fmt.Fprintf(stdout, "%s%s://%s\n", Announcement, scheme, ln.Addr()); err != nil {
 		ln.Close()

@@ -46,6 +46,8 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"window out of range", map[string]string{"RECEIPTS_BATCH_WINDOW": "1h"}, "RECEIPTS_BATCH_WINDOW"},
 		{"telnyx key not base64", map[string]string{"TELNYX_PUBLIC_KEY": "not a key"}, "TELNYX_PUBLIC_KEY"},
 		{"telnyx key too short", map[string]string{"SMS_WEBHOOK_SECRET": "", "TELNYX_PUBLIC_KEY": "AAAA"}, "TELNYX_PUBLIC_KEY"},
+		{"default provider unknown", map[string]string{"RECEIPTS_DEFAULT_PROVIDER": "acme"}, "RECEIPTS_DEFAULT_PROVIDER"},
+		{"default provider not verified", map[string]string{"RECEIPTS_DEFAULT_PROVIDER": "twilio"}, "RECEIPTS_DEFAULT_PROVIDER"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

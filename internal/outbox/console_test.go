@@ -467,7 +467,7 @@ func TestConsoleRoleGrants(t *testing.T) {
 		`UPDATE sms_outbox SET status = 'pending', publish_gen = publish_gen + 1 WHERE status = 'dead'`,
 		`SELECT id FROM sms_outbox FOR NO KEY UPDATE`,
 		`INSERT INTO sendonce_console_audit (username, role, action, requested, replayed, refused) VALUES ('mallory', 'admin', 'replay', '{}', '{}', 0)`,
-		`SELECT sendonce_apply_receipts('{}', '{}', '{}', '{}', '{}', '{}')`,
+		`SELECT sendonce_apply_receipts('{}', '{}', '{}', '{}', '{}', '{}', '{}')`,
 	} {
 		err := asConsole(t, pool, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, stmt); return err })
 		var pgErr *pgconn.PgError

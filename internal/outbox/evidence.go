@@ -28,9 +28,35 @@ type Receipt struct {
 	// At is when the provider says it happened; zero when it does not say.
 	At time.Time
 	// Source names the receipt's kind: "generic", "twilio", "vonage",
-	// "sinch" or "telnyx".
+	// "sinch" or "telnyx", which is also the name of the provider that
+	// signed it, as rows name their provider (SMS_PROVIDERS).
 	Source string
+	// Unnamed names the provider a row that names none belongs to (a row
+	// sent with a single SMS_PROVIDER, or attempted before migration
+	// 0019): the receipt applies to such a row only when Source is that
+	// provider. NoProvider: to none. Empty: to any, as before migration
+	// 0025; the receiver always names one.
+	Unnamed string
 }
+
+// NoProvider as Receipt.Unnamed says that no provider's receipt settles
+// a row that names none.
+const NoProvider = "none"
+
+// Why sendonce_apply_receipts refused a receipt (ReceiptResult.Refused).
+const (
+	// RefusedProvider: the row belongs to another provider than the one
+	// that signed the receipt (or names none, and Receipt.Unnamed is
+	// another).
+	RefusedProvider = "provider"
+	// RefusedUnsent: the row was never claimed for sending since it was
+	// written or replayed, and no attempt of it is logged: no provider can
+	// have its message.
+	RefusedUnsent = "unsent"
+	// RefusedReference: the receipt names another message than the one
+	// the row records as its provider's (provider_ref).
+	RefusedReference = "reference"
+)
 
 // ReceiptResult says what one receipt did.
 type ReceiptResult struct {
@@ -42,6 +68,11 @@ type ReceiptResult struct {
 	Prev State
 	// Applied is true when the receipt moved the row.
 	Applied bool
+	// Refused says why the receipt was refused (RefusedProvider,
+	// RefusedUnsent, RefusedReference): it changed nothing, was not
+	// recorded, and is answered like a receipt for no row. Empty when it
+	// was taken.
+	Refused string
 }
 
 // Contradicted reports whether the receipt says the provider had a message
@@ -49,22 +80,24 @@ type ReceiptResult struct {
 // wins over sendonce's own conclusion: the row moved to what the receipt
 // says (Applied), so that nobody replays a message the user may have, and
 // a person should look at how it came to be dead.
-func (r ReceiptResult) Contradicted() bool { return r.Found && r.Prev == StatusDead }
+func (r ReceiptResult) Contradicted() bool { return r.Found && r.Prev == StatusDead && r.Applied }
 
 // SettledUnknown reports whether the receipt settled an unknown row.
 func (r ReceiptResult) SettledUnknown() bool { return r.Applied && r.Prev == StatusUnknown }
 
 // applyReceiptsSQL writes one round of receipts (no row twice): $1 ids in
 // id order, $2 statuses, $3 provider refs, $4 codes, $5 reported times, $6
-// sources. The function (migration 0018) locks the rows, records each
-// receipt not recorded before, moves each row its receipt may move, and
-// answers per receipt (in input order) the row's status before and whether
-// it moved. It runs with the table owner's rights: the receiver's role has
-// no UPDATE on sms_outbox, so that no receiver login can move a row any
-// other way (a delivered row back to pending, a dead row to delivered
-// without a receipt).
-const applyReceiptsSQL = `SELECT receipt, prev_status, moved
-	FROM sendonce_apply_receipts($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::text[])`
+// sources, $7 the providers rows that name none belong to. The function
+// (migrations 0018 and 0025) locks the rows, refuses each receipt its row's
+// provider did not sign or cannot have sent, records each other receipt
+// not recorded before, moves each row its receipt may move, and answers
+// per receipt (in input order) the row's status before, whether it moved
+// and why it was refused. It runs with the table owner's rights: the
+// receiver's role has no UPDATE on sms_outbox, so that no receiver login
+// can move a row any other way (a delivered row back to pending, a dead
+// row to delivered without a receipt).
+const applyReceiptsSQL = `SELECT receipt, prev_status, moved, refused
+	FROM sendonce_apply_receipts($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::text[], $7::text[])`
 
 // ApplyReceipts records receipts as evidence of their rows and moves each row
 // as far as its receipt shows, never backwards: a delivery report over any
@@ -74,9 +107,15 @@ const applyReceiptsSQL = `SELECT receipt, prev_status, moved
 // out of order, and nothing is lost or undone. A receipt for a dead row
 // contradicts it (ReceiptResult.Contradicted) and moves it too, to sent,
 // delivered or undelivered: dead said the provider never took the message,
-// and the provider's signed word says otherwise. It returns one result per
-// receipt, in order. Rows are locked in id order, as every other writer
-// locks them.
+// and the provider's signed word says otherwise.
+//
+// A receipt counts only for a row of the provider that signed it
+// (Receipt.Source, or Receipt.Unnamed for a row that names none), that was
+// claimed for sending (the provider can have its message), and, when both
+// name the provider's id for the message, about the same message; any
+// other is refused (ReceiptResult.Refused) and changes nothing. It returns
+// one result per receipt, in order. Rows are locked in id order, as every
+// other writer locks them.
 func ApplyReceipts(ctx context.Context, tx pgx.Tx, rs []Receipt) ([]ReceiptResult, error) {
 	out := make([]ReceiptResult, len(rs))
 	// One statement moves a row once: a second receipt for a row in the
@@ -114,6 +153,7 @@ func applyReceiptRound(ctx context.Context, tx pgx.Tx, rs []Receipt, round []int
 		codes    = make([]*int32, n)
 		ats      = make([]*time.Time, n)
 		sources  = make([]string, n)
+		unnamed  = make([]*string, n)
 	)
 	for k, i := range round {
 		r := rs[i]
@@ -123,6 +163,10 @@ func applyReceiptRound(ctx context.Context, tx pgx.Tx, rs []Receipt, round []int
 			return fmt.Errorf("outbox: receipt status %q is not sent, delivered or undelivered", r.Status)
 		}
 		ids[k], statuses[k], sources[k] = r.ID, string(r.Status), r.Source
+		if r.Unnamed != "" {
+			u := r.Unnamed
+			unnamed[k] = &u
+		}
 		if ref := clean(r.ProviderRef); ref != "" {
 			refs[k] = &ref
 		}
@@ -135,16 +179,20 @@ func applyReceiptRound(ctx context.Context, tx pgx.Tx, rs []Receipt, round []int
 			ats[k] = &at
 		}
 	}
-	rows, _ := tx.Query(ctx, applyReceiptsSQL, uuidArray(ids), statuses, refs, codes, ats, sources)
+	rows, _ := tx.Query(ctx, applyReceiptsSQL, uuidArray(ids), statuses, refs, codes, ats, sources, unnamed)
 	var (
 		k       int64
 		prev    *string
 		applied bool
+		refused *string
 	)
-	_, err := pgx.ForEachRow(rows, []any{&k, &prev, &applied}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&k, &prev, &applied, &refused}, func() error {
 		r := ReceiptResult{Applied: applied}
 		if prev != nil {
 			r.Found, r.Prev = true, State(*prev)
+		}
+		if refused != nil {
+			r.Refused = *refused
 		}
 		out[round[k-1]] = r
 		return nil

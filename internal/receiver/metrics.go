@@ -9,7 +9,7 @@ import (
 
 // results are the values of sendonce_receipts_total's result label.
 var results = []string{
-	"applied", "settled_unknown", "unchanged", "unknown_reference", "contradicted", "ignored",
+	"applied", "settled_unknown", "unchanged", "unknown_reference", "refused", "contradicted", "ignored",
 	"forged", "stale", "malformed", "oversize", "error",
 }
 
@@ -25,7 +25,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		receipts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_receipts_total",
-			Help: "Receipts received, by source (generic, twilio, vonage, sinch, telnyx) and result: applied (moved the row), settled_unknown (moved an unknown row), unchanged (repeated or older news), unknown_reference, contradicted (a receipt for a row recorded dead, which now follows the receipt), ignored (a status with nothing to learn), forged, stale, malformed, oversize, error (not written; answered 503).",
+			Help: "Receipts received, by source (generic, twilio, vonage, sinch, telnyx) and result: applied (moved the row), settled_unknown (moved an unknown row), unchanged (repeated or older news), unknown_reference, refused (valid, but for another provider's row, a row no provider was asked to send, or another message than the row's: answered 200, nothing changed), contradicted (a receipt for a row recorded dead, which now follows the receipt), ignored (a status with nothing to learn), forged, stale, malformed, oversize, error (not written; answered 503).",
 		}, []string{"source", "result"}),
 		commits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_receipt_commits_total",

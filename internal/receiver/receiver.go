@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,13 @@ type Config struct {
 	// PublicURL is the receiver's base URL as the provider calls it: a
 	// Twilio signature covers the full URL. Required with TwilioToken.
 	PublicURL string
+	// DefaultProvider names the provider whose receipts may settle rows
+	// that name none (rows sent with a single SMS_PROVIDER, and rows
+	// attempted before migration 0019): generic, twilio, vonage, sinch or
+	// telnyx, one whose receipts this receiver verifies, or "none". Default:
+	// the one provider whose receipts it verifies, when it verifies one
+	// kind only; none when it verifies several.
+	DefaultProvider string
 	// Tolerance is how far a generic receipt's signature time may be from
 	// now; default 300s.
 	Tolerance time.Duration
@@ -104,6 +112,9 @@ type Receiver struct {
 	log     *slog.Logger
 	queue   chan *pending
 	metrics *metrics
+	// unnamed is the provider whose receipts settle rows that name none,
+	// outbox.NoProvider for none.
+	unnamed string
 	// lastErr is the last batch's failure, nil once a batch commits: the
 	// readiness.
 	lastErr atomic.Pointer[error]
@@ -150,15 +161,61 @@ func New(cfg Config) (*Receiver, error) {
 			return nil, errors.New("receiver: a generic secret must be at least 16 bytes")
 		}
 	}
+	unnamed, err := defaultProvider(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	return &Receiver{
-		cfg: cfg, log: cfg.Logger.With("component", "receiver"), metrics: m,
+		cfg: cfg, log: cfg.Logger.With("component", "receiver"), metrics: m, unnamed: unnamed,
 		queue: make(chan *pending, cfg.MaxBatch*cfg.Writers),
 	}, nil
 }
+
+// sources returns the receipt sources cfg verifies, which are also the
+// names of their providers.
+func sources(cfg Config) []string {
+	var out []string
+	for _, s := range []struct {
+		name string
+		on   bool
+	}{
+		{"generic", len(cfg.Secrets) > 0}, {"twilio", cfg.TwilioToken != ""}, {"vonage", len(cfg.VonageSecret) > 0},
+		{"sinch", len(cfg.SinchSecret) > 0}, {"telnyx", len(cfg.TelnyxPublicKey) > 0},
+	} {
+		if s.on {
+			out = append(out, s.name)
+		}
+	}
+	return out
+}
+
+// defaultProvider returns the provider whose receipts settle rows that
+// name none (Config.DefaultProvider), outbox.NoProvider for none.
+func defaultProvider(cfg Config) (string, error) {
+	srcs := sources(cfg)
+	switch d := cfg.DefaultProvider; {
+	case d == outbox.NoProvider:
+		return d, nil
+	case d == "" && len(srcs) == 1:
+		return srcs[0], nil
+	case d == "":
+		// Rows that name no provider were sent with a single provider:
+		// which of these, only the deployment knows.
+		return outbox.NoProvider, nil
+	case slices.Contains(srcs, d):
+		return d, nil
+	}
+	return "", fmt.Errorf("receiver: DefaultProvider %q is not a provider whose receipts this receiver verifies (%s) nor %q",
+		cfg.DefaultProvider, strings.Join(srcs, ", "), outbox.NoProvider)
+}
+
+// DefaultProvider returns the provider whose receipts settle rows that
+// name none, "none" for none (Config.DefaultProvider).
+func (rv *Receiver) DefaultProvider() string { return rv.unnamed }
 
 // Handler serves the receipt endpoints.
 func (rv *Receiver) Handler() http.Handler {
@@ -339,7 +396,7 @@ func (rv *Receiver) apply(w http.ResponseWriter, r *http.Request, rc outbox.Rece
 		reply(w, http.StatusOK, "unknown_reference")
 		return
 	}
-	rc.ID = id
+	rc.ID, rc.Unnamed = id, rv.unnamed
 	ctx, cancel := context.WithTimeout(r.Context(), rv.cfg.WriteDeadline)
 	defer cancel()
 	res, err := rv.write(ctx, rc)
@@ -358,8 +415,18 @@ func (rv *Receiver) apply(w http.ResponseWriter, r *http.Request, rc outbox.Rece
 			"outbox_id", id.String(), "receipt_status", string(rc.Status), "source", rc.Source)
 	case "settled_unknown":
 		rv.log.Info("receipt settled an unknown message", "outbox_id", id.String(), "status", string(rc.Status), "source", rc.Source)
+	case "refused":
+		rv.log.Warn("signed receipt refused: "+refusal[res.Refused]+"; answered 200, nothing changed",
+			"outbox_id", id.String(), "source", rc.Source, "why", res.Refused)
 	}
 	reply(w, http.StatusOK, result)
+}
+
+// refusal explains each reason the database gives for refusing a receipt.
+var refusal = map[string]string{
+	outbox.RefusedProvider:  "the row belongs to another provider (or names none, and its receipts settle it only from RECEIPTS_DEFAULT_PROVIDER)",
+	outbox.RefusedUnsent:    "no provider was asked to send the row (never claimed since it was written or replayed)",
+	outbox.RefusedReference: "the receipt reports another message than the one the row's provider id names",
 }
 
 // classify names what a receipt did, for the metrics and the answer.
@@ -367,6 +434,8 @@ func classify(res outbox.ReceiptResult) string {
 	switch {
 	case !res.Found:
 		return "unknown_reference"
+	case res.Refused != "":
+		return "refused"
 	case res.Contradicted():
 		return "contradicted"
 	case res.SettledUnknown():

@@ -76,7 +76,7 @@ func (f *fixture) postSinch(body string, h map[string]string) (int, string) {
 // altered, unsigned and stale ones change nothing.
 func TestSinchReceipts(t *testing.T) {
 	t.Parallel()
-	f := start(t, func(c *receiver.Config) { c.TwilioToken, c.SinchSecret = "", sinchSecret })
+	f := start(t, func(c *receiver.Config) { c.TwilioToken, c.SinchSecret, c.DefaultProvider = "", sinchSecret, "sinch" })
 	sending, unknown, failed, untouched := f.row("sending"), f.row("unknown"), f.row("sending"), f.row("sent")
 	now := time.Now().Unix()
 	altered := sinchReport(untouched.String(), "Delivered", 0)

@@ -94,8 +94,8 @@ func telnyxEvent(ref, eventType, status string, errCode string) string {
 func (f *fixture) rowWithID(id uuid.UUID, status string) {
 	f.t.Helper()
 	reason := map[string]any{"unknown": "ambiguous", "dead": "permanent"}[status]
-	if _, err := f.admin.Exec(context.Background(), `INSERT INTO sms_outbox (id, to_e164, body, status, end_reason)
-		VALUES ($1, '+15551234567', 'Your code is 482901', $2, $3)`, id, status, reason); err != nil {
+	if _, err := f.admin.Exec(context.Background(), `INSERT INTO sms_outbox (id, to_e164, body, status, end_reason, attempt_count)
+		VALUES ($1, '+15551234567', 'Your code is 482901', $2, $3, CASE WHEN $2 = 'pending' THEN 0 ELSE 1 END)`, id, status, reason); err != nil {
 		f.t.Fatal(err)
 	}
 }

@@ -36,7 +36,7 @@ func twilioCallback(sid, status string) url.Values {
 func TestTwilioReceiptsSignedByTwilioSDK(t *testing.T) {
 	t.Parallel()
 	const public = "https://receipts.example.com"
-	f := start(t, func(c *receiver.Config) { c.PublicURL = public })
+	f := start(t, func(c *receiver.Config) { c.PublicURL, c.DefaultProvider = public, "twilio" })
 	sending, failing, odd, untouched := f.row("sending"), f.row("sending"), f.row("sending"), f.row("sent")
 	callbackURL := func(id uuid.UUID) string { return public + "/v1/receipts/twilio?ref=" + url.QueryEscape(id.String()) }
 	sid := func(id uuid.UUID) string { return "SM" + strings.ReplaceAll(id.String(), "-", "") }

@@ -85,7 +85,9 @@ func (f *fixture) postVonage(body, token string) (int, string) {
 // and expired ones change nothing.
 func TestVonageReceipts(t *testing.T) {
 	t.Parallel()
-	f := start(t, func(c *receiver.Config) { c.TwilioToken, c.VonageSecret = "", vonageSecret })
+	f := start(t, func(c *receiver.Config) {
+		c.TwilioToken, c.VonageSecret, c.DefaultProvider = "", vonageSecret, "vonage"
+	})
 	sending, unknown, rejected, untouched := f.row("sending"), f.row("unknown"), f.row("sending"), f.row("sent")
 	now := time.Now().Unix()
 
