@@ -236,8 +236,11 @@ func TestPurgeAndStatusThroughFunctions(t *testing.T) {
 			letter = new(int64)
 		}
 		reason := map[string]any{"dead": "permanent", "unknown": "ambiguous"}[c.status]
-		if _, err := owner.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, updated_at, letter_seq, end_reason, last_error)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, 'x')`, ids[i], testPhone(i), testBody(i), c.status, updated, letter, reason); err != nil {
+		// A finished row finished when it last changed (finished_at is the
+		// database's to write: the owner inserts it here).
+		if _, err := owner.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, updated_at, letter_seq, end_reason, last_error, finished_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, 'x', CASE WHEN $4 IN ('sent', 'delivered', 'undelivered', 'dead') THEN $5::timestamptz END)`,
+			ids[i], testPhone(i), testBody(i), c.status, updated, letter, reason); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := owner.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, outcome) VALUES ($1, 1, now(), 'retry')`, ids[i]); err != nil {

@@ -172,8 +172,11 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 			r.Replayed, r.Gen = true, c.gen+1
 		}
 		if r.Replayed && !opts.DryRun && opts.Audit == nil {
+			// The move to pending gives the row its attempts back: the
+			// database does it (migration 0026), the relay's role may not
+			// write attempt_count.
 			_, err := tx.Exec(ctx, `UPDATE sms_outbox
-				SET status = 'pending', publish_gen = publish_gen + 1, attempt_count = 0,
+				SET status = 'pending', publish_gen = publish_gen + 1,
 				    next_attempt_at = now(), updated_at = now(), stream_seq = NULL,
 				    claim_id = NULL, lease_until = NULL, end_reason = NULL, letter_seq = NULL,
 				    last_error = 'replayed by operator; before: ' || coalesce(last_error, '')

@@ -27,12 +27,18 @@ func TestRetentionPurgesOldFinishedRowsInBatches(t *testing.T) {
 	old, unknown, recent, unfinished := ids[:11], ids[11:15], ids[15:19], ids[19:]
 	exec(`UPDATE sms_outbox SET status = (ARRAY['sent','dead'])[1 + (abs(hashtext(id::text)) % 2)], letter_seq = 1,
 		updated_at = now() - interval '2 days' WHERE id = ANY($1)`, old)
+	// Retention goes by when a row finished, which only the database
+	// writes (the move above stamped it now): as the table's owner, the
+	// test moves it back too.
+	exec(`UPDATE sms_outbox SET finished_at = updated_at WHERE id = ANY($1)`, old)
 	// Unknown rows wait for a person, however old: never purged.
 	exec(`UPDATE sms_outbox SET status = 'unknown', updated_at = now() - interval '30 days' WHERE id = ANY($1)`, unknown)
 	exec(`UPDATE sms_outbox SET status = 'sent', updated_at = now() - interval '1 hour' WHERE id = ANY($1)`, recent[:3])
+	exec(`UPDATE sms_outbox SET finished_at = updated_at WHERE id = ANY($1)`, recent[:3])
 	// A dead row whose dead letter is still to be published stays until the
 	// reconciler has published it.
 	exec(`UPDATE sms_outbox SET status = 'dead', end_reason = 'permanent', updated_at = now() - interval '30 days' WHERE id = ANY($1)`, recent[3:])
+	exec(`UPDATE sms_outbox SET finished_at = updated_at WHERE id = ANY($1)`, recent[3:])
 	exec(`UPDATE sms_outbox SET status = 'queued', updated_at = now() - interval '30 days' WHERE id = ANY($1)`, unfinished)
 	exec(`INSERT INTO sms_attempts (outbox_id, attempt, started_at, outcome) SELECT id, 1, now(), 'sent' FROM sms_outbox`)
 

@@ -68,10 +68,10 @@ func BenchmarkRetentionDeleteVsPartitionDrop(b *testing.B) {
 		for d := range days {
 			lo, hi := d*perDay+1, (d+1)*perDay
 			at := fmt.Sprintf("date_trunc('day', now()) - interval '%d days' + (i %% 86400) * interval '1 second'", days-d)
-			exec(fmt.Sprintf(`INSERT INTO %s (id, to_e164, body, status, created_at, updated_at)
+			exec(fmt.Sprintf(`INSERT INTO %s (id, to_e164, body, status, created_at, updated_at, finished_at)
 				SELECT lpad(to_hex(i), 32, '0')::uuid, '+1555' || lpad((i %% 10000000)::text, 7, '0'),
-				       'Your code is ' || lpad((i %% 1000000)::text, 6, '0'), 'sent', %s, %s
-				FROM generate_series(%d, %d) AS i`, outbox, at, at, lo, hi))
+				       'Your code is ' || lpad((i %% 1000000)::text, 6, '0'), 'sent', %s, %s, %s
+				FROM generate_series(%d, %d) AS i`, outbox, at, at, at, lo, hi))
 			cols, vals := "outbox_id, attempt, started_at, outcome", "lpad(to_hex(i), 32, '0')::uuid, 1, "+at+", 'sent'"
 			if withCreated {
 				cols, vals = "outbox_created_at, "+cols, at+", "+vals
