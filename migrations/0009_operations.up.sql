@@ -66,14 +66,10 @@ ALTER TABLE sms_outbox VALIDATE CONSTRAINT sms_outbox_dead_never_maybe_accepted;
 -- Every binary checks the schema version at start-up, as its own role.
 GRANT SELECT ON sendonce_schema_migrations TO sendonce_app, sendonce_relay, sendonce_sender;
 
--- The relay's table-health gauges read pg_stat_activity (the oldest open
--- transaction); a role sees other sessions' transaction start times only
--- with pg_read_all_stats. Granting it needs a superuser or its admin option:
--- without either this is skipped with a notice, and the operator grants it
--- (docs/operations.md, "Table health").
-DO $$
-BEGIN
-    GRANT pg_read_all_stats TO sendonce_relay;
-EXCEPTION WHEN insufficient_privilege THEN
-    RAISE NOTICE 'not granting pg_read_all_stats to sendonce_relay (%): the oldest-transaction gauge sees only the relay''s own sessions until an administrator grants it', SQLERRM;
-END $$;
+-- This migration granted pg_read_all_stats to sendonce_relay, for its
+-- oldest-transaction gauge. That role reads every session's SQL on the
+-- server, and the relay's login had no need of it: migration 0027 takes it
+-- away and gives the relay the one figure through a function. Roles are
+-- the server's, so a database migrated from scratch no longer grants it
+-- here, where it would hold it until 0027 ran (and, for another database
+-- of the server still on an older release, for good).

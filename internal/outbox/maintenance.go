@@ -75,13 +75,12 @@ func OldestPurgeableAge(ctx context.Context, q Querier) (time.Duration, error) {
 
 // OldestTransactionAge returns the age of the oldest open transaction of
 // another session in this database (0 when none). A long transaction holds
-// back vacuum on every table, so dead rows pile up behind it. A role sees
-// other roles' transactions only with pg_read_all_stats.
+// back vacuum on every table, so dead rows pile up behind it. The figure
+// comes from sendonce_oldest_transaction (migration 0027), which reads
+// pg_stat_activity with the table owner's rights: the relay's role sees no
+// other session's SQL.
 func OldestTransactionAge(ctx context.Context, q Querier) (time.Duration, error) {
-	return age(ctx, q, "oldest transaction",
-		`SELECT extract(epoch FROM now() - min(xact_start)) FROM pg_stat_activity
-		WHERE datname = current_database() AND pid <> pg_backend_pid()
-		  AND backend_type = 'client backend' AND xact_start IS NOT NULL`)
+	return age(ctx, q, "oldest transaction", `SELECT extract(epoch FROM now() - sendonce_oldest_transaction())`)
 }
 
 func age(ctx context.Context, q Querier, what, sql string) (time.Duration, error) {
