@@ -1,6 +1,7 @@
 -- Least-privilege roles. They are NOLOGIN groups: a deployment creates login
--- roles IN ROLE one of them (CREATE ROLE relay1 LOGIN PASSWORD '...' IN ROLE
--- sendonce_relay). Roles are cluster-wide, so creating them tolerates another
+-- roles IN ROLE one of them (CREATE ROLE relay1 LOGIN IN ROLE sendonce_relay,
+-- its password set with psql's \password or a SCRAM verifier, never in the
+-- SQL: docs/security.md). Roles are cluster-wide, so creating them tolerates another
 -- database (or a concurrent migration) having done it first. A role that
 -- exists is not created again: on managed Postgres the owner that migrates
 -- may not create roles, and an administrator creates them once beforehand
