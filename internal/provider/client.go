@@ -40,7 +40,15 @@ type Message struct {
 	To string
 	// Body is the text.
 	Body string
+	// ExpiresAt, when not zero, is when the message stops being worth
+	// sending: no request is built at or after it (Send returns Expired),
+	// and each request tells the provider the time left then, in the
+	// parameter its API defines for it (docs/providers.md, "Expiry").
+	ExpiresAt time.Time
 }
+
+// expiredReason is the Reason of an Expired outcome.
+const expiredReason = "not sent: the message expired before the request left"
 
 // Config configures a generic provider client (the generic API of docs/design.md).
 type Config struct {
@@ -85,8 +93,10 @@ type Client struct {
 	auth      string
 	http      *http.Client
 	permanent []int
-	// newRequest builds the provider's request shape for m.
-	newRequest func(ctx context.Context, m Message) (*http.Request, error)
+	// newRequest builds the provider's request shape for m at now, which
+	// is before m.ExpiresAt when that is set: the time left for the
+	// provider is m.ExpiresAt less now.
+	newRequest func(ctx context.Context, m Message, now time.Time) (*http.Request, error)
 	// refField names the message id in a success response.
 	refField string
 	// refOf, when set, reads the message id of a success response instead
@@ -219,7 +229,9 @@ func (c *Client) Idempotent() bool { return c.cfg.Idempotent }
 func (c *Client) Timeout() time.Duration { return c.cfg.Timeout }
 
 // Send makes one attempt to send m and classifies its result. It never
-// panics on a provider's answer, whatever its shape.
+// panics on a provider's answer, whatever its shape. A message whose
+// expiry has passed when the request would be built is not sent: the
+// outcome is Expired, and no request leaves.
 func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
@@ -236,7 +248,13 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 			}
 		},
 	})
-	req, err := c.newRequest(ctx, m)
+	// The time left is measured as the request is built: none left, no
+	// request; some left, the provider is told no more than that.
+	now := time.Now()
+	if expired(m, now) {
+		return Outcome{Kind: Expired, Reason: expiredReason, Latency: now.Sub(start)}
+	}
+	req, err := c.newRequest(ctx, m, now)
 	if err != nil {
 		return Outcome{Kind: Permanent, Reason: "build request: " + scrub(err.Error()), Latency: time.Since(start)}
 	}
@@ -270,9 +288,15 @@ func (c *Client) Send(ctx context.Context, m Message) Outcome {
 	return o
 }
 
+// expired reports whether m has an expiry and now is at or after it: no
+// request may start then.
+func expired(m Message, now time.Time) bool {
+	return !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt)
+}
+
 // genericRequest builds the generic API request (docs/design.md): JSON, and the key in
 // Idempotency-Key.
-func (c *Client) genericRequest(ctx context.Context, m Message) (*http.Request, error) {
+func (c *Client) genericRequest(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 	// The reference (the row id, like the key) lets a receipt and a lookup
 	// find the row; the callback asks for the receipts. Both are the same
 	// on every attempt, so the body is too.

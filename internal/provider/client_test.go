@@ -506,7 +506,7 @@ func TestOutcomeText(t *testing.T) {
 	}
 	kinds := map[provider.Kind]string{
 		provider.Sent: "sent", provider.Retry: "retry", provider.Permanent: "permanent",
-		provider.Ambiguous: "ambiguous", 0: "kind(0)", 99: "kind(99)",
+		provider.Ambiguous: "ambiguous", provider.Expired: "expired", 0: "kind(0)", 99: "kind(99)",
 	}
 	for k, want := range kinds {
 		if got := k.String(); got != want {

@@ -1,6 +1,7 @@
 // Package provider calls SMS providers over HTTP and classifies every result
-// as a value: sent, retry (after a delay), permanent, or ambiguous. It knows
-// nothing of JetStream or SQL; the sender maps outcomes to acks and statuses.
+// as a value: sent, retry (after a delay), permanent, ambiguous, or expired
+// (not sent at all). It knows nothing of JetStream or SQL; the sender maps
+// outcomes to acks and statuses.
 package provider
 
 import (
@@ -24,6 +25,12 @@ const (
 	// Ambiguous: the request may have reached a provider that offers no
 	// idempotency, so another attempt could send twice; never retried.
 	Ambiguous
+	// Expired: not sent, because the message's expiry (Message.ExpiresAt)
+	// had passed when the request would have been built. Nothing left for
+	// the provider, so it certainly does not have the message from this
+	// attempt: MaybeAccepted is false, HTTPStatus 0. Another attempt, at
+	// this provider or another, would be as late.
+	Expired
 )
 
 func (k Kind) String() string {
@@ -36,6 +43,8 @@ func (k Kind) String() string {
 		return "permanent"
 	case Ambiguous:
 		return "ambiguous"
+	case Expired:
+		return "expired"
 	}
 	return fmt.Sprintf("kind(%d)", int(k))
 }

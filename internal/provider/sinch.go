@@ -135,7 +135,7 @@ func NewSinch(cfg SinchConfig) (*Client, error) {
 	c.auth = "Bearer " + cfg.APIToken
 	c.refField = "id"
 	c.errorFields = sinchErrorFields
-	c.newRequest = func(ctx context.Context, m Message) (*http.Request, error) {
+	c.newRequest = func(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 		to, err := vonageNumber(m.To)
 		if err != nil {
 			return nil, err

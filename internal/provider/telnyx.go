@@ -123,7 +123,7 @@ func NewTelnyx(cfg TelnyxConfig) (*Client, error) {
 	c.auth = "Bearer " + cfg.APIKey
 	c.refOf = telnyxRef
 	c.errorFields = telnyxErrorFields
-	c.newRequest = func(ctx context.Context, m Message) (*http.Request, error) {
+	c.newRequest = func(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 		to, err := telnyxNumber(m.To)
 		if err != nil {
 			return nil, err

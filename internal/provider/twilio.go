@@ -110,7 +110,7 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json"
 	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.AccountSID+":"+cfg.AuthToken))
 	c.refField = "sid"
-	c.newRequest = func(ctx context.Context, m Message) (*http.Request, error) {
+	c.newRequest = func(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 		form := url.Values{"To": {m.To}, "Body": {m.Body}}
 		if cfg.ReceiptsURL != "" {
 			form.Set("StatusCallback", strings.TrimRight(cfg.ReceiptsURL, "/")+"/v1/receipts/twilio?ref="+url.QueryEscape(m.Key))

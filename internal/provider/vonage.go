@@ -113,7 +113,7 @@ func NewVonage(cfg VonageConfig) (*Client, error) {
 	// 402 (low balance) is a refusal before anything was sent: the same
 	// message goes through once the account is topped up.
 	c.refused = []int{http.StatusPaymentRequired}
-	c.newRequest = func(ctx context.Context, m Message) (*http.Request, error) {
+	c.newRequest = func(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 		to, err := vonageNumber(m.To)
 		if err != nil {
 			return nil, err

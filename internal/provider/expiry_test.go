@@ -1,0 +1,91 @@
+package provider_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sendonce/sendonce/internal/provider"
+)
+
+// expiryAdapters are a client of every kind pointed at base: the generic
+// API (with and without idempotency) and each provider's adapter.
+func expiryAdapters(t *testing.T, base string) map[string]*provider.Client {
+	t.Helper()
+	out := map[string]*provider.Client{
+		"generic idempotent":     newClient(t, base, true, nil),
+		"generic not idempotent": newClient(t, base, false, nil),
+	}
+	var err error
+	if out["twilio"], err = provider.NewTwilio(provider.TwilioConfig{BaseURL: base, AccountSID: twilioAccount, AuthToken: "tok",
+		From: "+15550001111", Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if out["vonage"], err = provider.NewVonage(provider.VonageConfig{BaseURL: base, APIKey: "key", APISecret: "secret",
+		From: "Acme", Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if out["sinch"], err = provider.NewSinch(provider.SinchConfig{BaseURL: base, ServicePlanID: "plan", APIToken: "tok",
+		From: "Acme", Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if out["telnyx"], err = provider.NewTelnyx(provider.TelnyxConfig{BaseURL: base, APIKey: "key",
+		From: "+15550001111", Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A message whose expiry has passed, or is now, when the request would be
+// built is not sent at all, by any adapter: no request reaches the
+// provider, and the outcome is Expired, certainly not taken (no status, no
+// connection, not MaybeAccepted), with a reason that says so. It does not
+// move to another provider either (NotTaken is for a message another
+// provider may still send; an expired one no provider may). A message
+// with time left is sent.
+func TestSendNothingPastTheExpiry(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"generic idempotent", "generic not idempotent", "twilio", "vonage", "sinch", "telnyx"} {
+		// Each provider's success, near enough: every adapter reads its
+		// message id from one of these fields.
+		p := startProvider(t, reply(http.StatusCreated, `{"id":"m1","sid":"SM1","message_uuid":"u1","data":{"id":"t1"}}`))
+		c := expiryAdapters(t, p.URL)[name]
+		for _, tt := range []struct {
+			name      string
+			expiresAt time.Time
+		}{
+			{"an hour ago", time.Now().Add(-time.Hour)},
+			{"a nanosecond ago", time.Now().Add(-time.Nanosecond)},
+			// Now, as the test knows it, is in the past by the time Send
+			// reads the clock: at the expiry, no call starts.
+			{"now", time.Now()},
+		} {
+			m := testMsg
+			m.ExpiresAt = tt.expiresAt
+			o := c.Send(context.Background(), m)
+			if o.Kind != provider.Expired || o.HTTPStatus != 0 || o.MaybeAccepted || o.Connected || o.Code != 0 || o.Ref != "" ||
+				o.Reason != "not sent: the message expired before the request left" {
+				t.Errorf("%s, expiry %s: outcome %+v, want Expired, nothing sent", name, tt.name, o)
+			}
+			if c.NotTaken(o) {
+				t.Errorf("%s, expiry %s: NotTaken, which would move an expired message to another provider", name, tt.name)
+			}
+			if o.Error() != o.Reason {
+				t.Errorf("%s: Error() = %q", name, o.Error())
+			}
+			assertNoSecrets(t, o)
+		}
+		if n := len(p.requests()); n != 0 {
+			t.Fatalf("%s: the provider got %d requests for expired messages, want none", name, n)
+		}
+		m := testMsg
+		m.ExpiresAt = time.Now().Add(time.Hour)
+		if o := c.Send(context.Background(), m); o.Kind != provider.Sent {
+			t.Errorf("%s, an hour left: outcome %+v, want Sent", name, o)
+		}
+		if n := len(p.requests()); n != 1 {
+			t.Fatalf("%s: the provider got %d requests for a message with time left, want 1", name, n)
+		}
+	}
+}
