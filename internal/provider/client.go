@@ -298,14 +298,16 @@ func expired(m Message, now time.Time) bool {
 // Idempotency-Key.
 func (c *Client) genericRequest(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 	// The reference (the row id, like the key) lets a receipt and a lookup
-	// find the row; the callback asks for the receipts. Both are the same
-	// on every attempt, so the body is too.
+	// find the row; the callback asks for the receipts; the expiry is the
+	// row's, absolute. All are the same on every attempt, so the body is
+	// too, as a provider that compares a key's bodies needs.
 	req := struct {
 		To          string `json:"to"`
 		Body        string `json:"body"`
 		Reference   string `json:"reference"`
 		CallbackURL string `json:"callback_url,omitempty"`
-	}{To: m.To, Body: m.Body, Reference: m.Key}
+		ExpiresAt   string `json:"expires_at,omitempty"`
+	}{To: m.To, Body: m.Body, Reference: m.Key, ExpiresAt: genericExpiresAt(m.ExpiresAt)}
 	if c.cfg.ReceiptsURL != "" {
 		req.CallbackURL = strings.TrimRight(c.cfg.ReceiptsURL, "/") + "/v1/receipts/generic"
 	}
@@ -321,6 +323,17 @@ func (c *Client) genericRequest(ctx context.Context, m Message, _ time.Time) (*h
 	hreq.Header.Set("Accept", "application/json")
 	hreq.Header.Set("Idempotency-Key", m.Key)
 	return hreq, nil
+}
+
+// genericExpiresAt is the generic API's expires_at for the expiry t: RFC
+// 3339 in UTC, with as many fractional digits as t has (none for a whole
+// second); "" for no expiry, which leaves the field out. The expiry is
+// sent as it is, not rounded: the contract has no unit or bound to fit.
+func genericExpiresAt(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
 }
 
 // genericErrorFields reads the generic API's error answer

@@ -1,7 +1,9 @@
 package provider_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -86,6 +88,39 @@ func TestSendNothingPastTheExpiry(t *testing.T) {
 		}
 		if n := len(p.requests()); n != 1 {
 			t.Fatalf("%s: the provider got %d requests for a message with time left, want 1", name, n)
+		}
+	}
+}
+
+// The generic API is told the expiry as expires_at (RFC 3339, UTC), the
+// same bytes on every attempt of the message, so that a provider that
+// compares the bodies of one key finds them equal; a message without an
+// expiry has no expires_at.
+func TestSendTellsTheGenericAPITheExpiry(t *testing.T) {
+	t.Parallel()
+	p := startProvider(t, reply(http.StatusCreated, `{"id":"msg_1"}`))
+	c := newClient(t, p.URL, true, nil)
+	m := testMsg
+	m.ExpiresAt = time.Date(2100, 1, 2, 4, 4, 5, 678_900_000, time.FixedZone("CET", 3600))
+	for range 2 {
+		if o := c.Send(context.Background(), m); o.Kind != provider.Sent {
+			t.Fatalf("Send: %+v", o)
+		}
+	}
+	if o := c.Send(context.Background(), testMsg); o.Kind != provider.Sent {
+		t.Fatalf("Send without an expiry: %+v", o)
+	}
+	reqs := p.requests()
+	if len(reqs) != 3 || !bytes.Equal(reqs[0].Body, reqs[1].Body) {
+		t.Fatalf("%d requests; the two attempts' bodies differ", len(reqs))
+	}
+	for i, want := range []any{"2100-01-02T03:04:05.6789Z", nil} {
+		var got map[string]any
+		if err := json.Unmarshal(reqs[i+1].Body, &got); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := got["expires_at"]; v != want || ok != (want != nil) {
+			t.Errorf("request %d: expires_at %v (present %v), want %v", i+1, v, ok, want)
 		}
 	}
 }
