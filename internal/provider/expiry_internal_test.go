@@ -27,3 +27,36 @@ func TestGenericExpiresAt(t *testing.T) {
 		}
 	}
 }
+
+// Twilio's ValidityPeriod is the time left rounded down to whole seconds,
+// clamped to the document's 1 to 36000: less than a second left gets the
+// minimum, more than ten hours the maximum (Twilio's default).
+func TestTwilioValidityPeriod(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		left time.Duration
+		want int
+	}{
+		{-time.Hour, 1}, // never asked of it (no request is built), but still in bounds
+		{0, 1},
+		{time.Nanosecond, 1},
+		{400 * time.Millisecond, 1},
+		{999 * time.Millisecond, 1},
+		{time.Second, 1},
+		{1999 * time.Millisecond, 1},
+		{2 * time.Second, 2},
+		{time.Minute - time.Nanosecond, 59},
+		{time.Hour, 3600},
+		{time.Hour - time.Millisecond, 3599},
+		{36000*time.Second - time.Nanosecond, 35999},
+		{36000 * time.Second, 36000},
+		{36000*time.Second + 500*time.Millisecond, 36000},
+		{36001 * time.Second, 36000},
+		{72 * time.Hour, 36000},
+		{1<<63 - 1, 36000},
+	} {
+		if got := twilioValidityPeriod(tt.left); got != tt.want {
+			t.Errorf("twilioValidityPeriod(%v) = %d, want %d", tt.left, got, tt.want)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -549,6 +550,10 @@ func TestPrismValidatesTwilioRequests(t *testing.T) {
 	want = append(want, refusal{"StatusCallback no URL", 422, "StatusCallback"})
 	do(http.MethodPost, resource, valid, false)
 	want = append(want, refusal{"no credentials", 401, ""})
+	do(http.MethodPost, resource, with("ValidityPeriod", "abc"), true)
+	want = append(want, refusal{"ValidityPeriod not a number", 422, "ValidityPeriod"})
+	do(http.MethodPost, resource, with("ValidityPeriod", "1.5"), true)
+	want = append(want, refusal{"ValidityPeriod not an integer", 422, "ValidityPeriod"})
 	do(http.MethodGet, resource+"?PageSize=0", nil, true)
 	want = append(want, refusal{"PageSize 0", 422, "pagesize"})
 	do(http.MethodGet, resource+"?PageSize=1001", nil, true)
@@ -589,11 +594,157 @@ func TestPrismValidatesTwilioRequests(t *testing.T) {
 		}
 	}
 
+	// ValidityPeriods out of the document's bounds, which Prism lets
+	// through (the bounds are words in a description, not schema
+	// keywords), and which the tests' own check of the bounds, read from
+	// those words, refuses.
+	lo, hi, _ := d.validityBounds(t)
+	n := len(xs)
+	for _, v := range []string{"0", "36001", "-5"} {
+		do(http.MethodPost, resource, with("ValidityPeriod", v), true)
+		if err := inValidityBounds(v, lo, hi); err == nil {
+			t.Errorf("ValidityPeriod %s: the tests' bounds check lets it through", v)
+		}
+	}
+	for _, x := range exchanges()[n:] {
+		if x.status != http.StatusCreated || len(x.requestViolations()) > 0 {
+			t.Errorf("Prism now refuses ValidityPeriod out of bounds (status %d, violations %+v): "+
+				"let the mock check the bounds (validityBounds)", x.status, x.requestViolations())
+		}
+	}
+	for _, v := range []string{"1", "36000"} {
+		if err := inValidityBounds(v, lo, hi); err != nil {
+			t.Errorf("the tests' bounds check refuses ValidityPeriod %s: %v", v, err)
+		}
+	}
+
 	// Names Prism lets through, which the tests check themselves.
 	if u := undefined(url.Values{"To": {"x"}, "StatusCallbackUrl": {"x"}}, d.formFields()); !slices.Equal(u, []string{"StatusCallbackUrl"}) {
 		t.Errorf("undefined form fields %v, want [StatusCallbackUrl]", u)
 	}
 	if u := undefined(url.Values{"To": {"x"}, "DateCreated": {"x"}, "PageSize": {"1"}}, d.queryParams()); !slices.Equal(u, []string{"DateCreated"}) {
 		t.Errorf("undefined query parameters %v, want [DateCreated]", u)
+	}
+}
+
+// validityBounds reads the bounds of CreateMessage's ValidityPeriod from
+// the document. Its schema says only "type": "integer"; the bounds, and the
+// default, are in its description ("Accepted values are integers from `1`
+// to `36000`. Default value is `36000`."), which Prism does not read: it
+// takes 0 and 36001 (TestPrismValidatesTwilioRequests shows it), so the
+// tests check the bounds themselves, from the document's own words.
+func (d twilioDoc) validityBounds(t *testing.T) (lo, hi, def int) {
+	t.Helper()
+	var p struct {
+		Type        string   `json:"type"`
+		Description string   `json:"description"`
+		Minimum     *float64 `json:"minimum"`
+		Maximum     *float64 `json:"maximum"`
+	}
+	raw := d.create.RequestBody.Content["application/x-www-form-urlencoded"].Schema.Properties["ValidityPeriod"]
+	if err := json.Unmarshal(raw, &p); err != nil || p.Type != "integer" {
+		t.Fatalf("CreateMessage's ValidityPeriod is not an integer field (%v): %s", err, raw)
+	}
+	if p.Minimum != nil || p.Maximum != nil {
+		t.Fatalf("ValidityPeriod now has minimum %v and maximum %v in its schema: Prism checks them, so the tests may let it (see validityBounds)", p.Minimum, p.Maximum)
+	}
+	m := regexp.MustCompile("Accepted values are integers from `([0-9]+)` to `([0-9]+)`\\. Default value is `([0-9]+)`\\.").FindStringSubmatch(p.Description)
+	if m == nil {
+		t.Fatalf("ValidityPeriod's description no longer gives its bounds as the tests read them: %q", p.Description)
+	}
+	lo, _ = strconv.Atoi(m[1])
+	hi, _ = strconv.Atoi(m[2])
+	def, _ = strconv.Atoi(m[3])
+	return lo, hi, def
+}
+
+// inValidityBounds says why v is not a ValidityPeriod the document allows
+// (an integer from lo to hi), or nil.
+func inValidityBounds(v string, lo, hi int) error {
+	n, err := strconv.Atoi(v)
+	switch {
+	case err != nil:
+		return fmt.Errorf("ValidityPeriod %q is not an integer", v)
+	case n < lo || n > hi:
+		return fmt.Errorf("ValidityPeriod %d is not from %d to %d", n, lo, hi)
+	}
+	return nil
+}
+
+// TestTwilioValidityPeriodConformsToPublishedSpec points the Twilio
+// adapter at Prism serving Twilio's document, with messages that expire:
+// each create carries the time left as ValidityPeriod, a form field the
+// document defines, once, an integer within the bounds its description
+// gives (which Prism cannot check, so the test does), and draws the
+// document's 201 and no violation. Less than two seconds left is the
+// minimum, 1; an hour is about 3600, never more; a day is the maximum,
+// which the document gives as the default too (what the adapter's clamp
+// relies on). A message without an expiry carries none.
+func TestTwilioValidityPeriodConformsToPublishedSpec(t *testing.T) {
+	t.Parallel()
+	d := readTwilioSpec(t)
+	lo, hi, def := d.validityBounds(t)
+	if lo != 1 || hi != 36000 || def != hi {
+		t.Fatalf("the document gives ValidityPeriod %d to %d, default %d; the adapter clamps to 1 to 36000, the default", lo, hi, def)
+	}
+	base, _, exchanges := startPrism(t, twilioSpec, "")
+	c, err := provider.NewTwilio(provider.TwilioConfig{BaseURL: base, AccountSID: twilioAccount, AuthToken: "tok-secret",
+		From: "+15550001111", ReceiptsURL: "https://receipts.example.com", Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		left   time.Duration // 0: no expiry
+		lo, hi int           // the ValidityPeriod wanted; 0, 0: none
+	}{
+		{"1.5 s left", 1500 * time.Millisecond, 1, 1},
+		{"an hour left", time.Hour, 3600 - 10, 3600},
+		{"a day left", 24 * time.Hour, 36000, 36000},
+		{"no expiry", 0, 0, 0},
+	}
+	for _, tt := range cases {
+		m := testMsg
+		if tt.left != 0 {
+			m.ExpiresAt = time.Now().Add(tt.left)
+		}
+		if o := c.Send(context.Background(), m); o.Kind != provider.Sent || o.HTTPStatus != http.StatusCreated {
+			t.Errorf("%s: outcome %+v, want Sent 201", tt.name, o)
+		}
+	}
+	xs := exchanges()
+	if len(xs) != len(cases) {
+		t.Fatalf("prism saw %d requests, want %d", len(xs), len(cases))
+	}
+	fields := d.formFields()
+	for i, x := range xs {
+		tt := cases[i]
+		form, err := url.ParseQuery(string(x.body))
+		if err != nil {
+			t.Fatalf("%s: the body is no form: %v", tt.name, err)
+		}
+		if v := x.requestViolations(); len(v) > 0 || x.status != http.StatusCreated {
+			t.Errorf("%s: status %d, violations %+v", tt.name, x.status, v)
+		}
+		if u := undefined(form, fields); len(u) > 0 {
+			t.Errorf("%s: form fields the document does not define: %v", tt.name, u)
+		}
+		vs := form["ValidityPeriod"]
+		if tt.hi == 0 {
+			if len(vs) != 0 {
+				t.Errorf("%s: ValidityPeriod %v, want none", tt.name, vs)
+			}
+			continue
+		}
+		if len(vs) != 1 {
+			t.Errorf("%s: ValidityPeriod %v, want it once", tt.name, vs)
+			continue
+		}
+		if err := inValidityBounds(vs[0], lo, hi); err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+		if n, _ := strconv.Atoi(vs[0]); n < tt.lo || n > tt.hi {
+			t.Errorf("%s: ValidityPeriod %d, want %d to %d", tt.name, n, tt.lo, tt.hi)
+		}
 	}
 }
