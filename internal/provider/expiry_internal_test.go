@@ -60,3 +60,32 @@ func TestTwilioValidityPeriod(t *testing.T) {
 		}
 	}
 }
+
+// Sinch's expire_at is the expiry, in UTC to the millisecond rounded down,
+// at least a second and at most three days after the request is built.
+func TestSinchExpireAt(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 123_456_789, time.UTC)
+	paris := time.FixedZone("CET", 3600)
+	for _, tt := range []struct {
+		name    string
+		expires time.Time
+		want    string
+	}{
+		{"an hour left", now.Add(time.Hour), "2030-01-02T04:04:05.123Z"},
+		{"to the millisecond, rounded down", time.Date(2030, 1, 2, 3, 34, 5, 999_999_999, time.UTC), "2030-01-02T03:34:05.999Z"},
+		{"a whole second", time.Date(2030, 1, 2, 3, 34, 5, 0, time.UTC), "2030-01-02T03:34:05.000Z"},
+		{"in another zone", time.Date(2030, 1, 2, 5, 0, 0, 250_000_000, paris), "2030-01-02T04:00:00.250Z"},
+		{"0.4 s left: a second", now.Add(400 * time.Millisecond), "2030-01-02T03:04:06.123Z"},
+		{"a second left", now.Add(time.Second), "2030-01-02T03:04:06.123Z"},
+		{"just over a second", now.Add(time.Second + time.Millisecond), "2030-01-02T03:04:06.124Z"},
+		{"none left (never asked: no request is built)", now, "2030-01-02T03:04:06.123Z"},
+		{"three days left", now.Add(72 * time.Hour), "2030-01-05T03:04:05.123Z"},
+		{"three days and a millisecond: three days", now.Add(72*time.Hour + time.Millisecond), "2030-01-05T03:04:05.123Z"},
+		{"a month left: three days", now.AddDate(0, 1, 0), "2030-01-05T03:04:05.123Z"},
+	} {
+		if got := sinchExpireAt(tt.expires, now); got != tt.want {
+			t.Errorf("%s: sinchExpireAt = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}

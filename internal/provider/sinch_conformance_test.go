@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,9 +12,12 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/sendonce/sendonce/internal/provider"
 )
@@ -155,14 +159,192 @@ func TestPrismValidatesSinchRequests(t *testing.T) {
 	do(http.MethodPost, "/xms/v1/plan1/batches", `{"to":["+15551234567"],"from":"Acme"}`)
 	do(http.MethodPost, "/xms/v1/plan1/batches", `{"to":["+15551234567"],"from":"Acme","body":"x","client_reference":"`+strings.Repeat("r", 129)+`"}`)
 	do(http.MethodPost, "/xms/v1/plan1/batches", `{"to":["+15551234567"],"from":"Acme","body":"x","delivery_report":"per_message"}`)
+	do(http.MethodPost, "/xms/v1/plan1/batches", `{"to":["+15551234567"],"from":"Acme","body":"x","expire_at":"tomorrow"}`)
+	do(http.MethodPost, "/xms/v1/plan1/batches", `{"to":["+15551234567"],"from":"Acme","body":"x","expire_at":"2030-01-02"}`)
+	do(http.MethodPost, "/xms/v1/plan1/batches", `{"to":["+15551234567"],"from":"Acme","body":"x","expire_at":1893553445}`)
 	do(http.MethodGet, "/xms/v1/plan1/batches?"+url.Values{"page_size": {"500"}}.Encode(), "")
 	xs := exchanges()
-	if len(xs) != 6 {
-		t.Fatalf("prism saw %d requests, want 6", len(xs))
+	if len(xs) != 9 {
+		t.Fatalf("prism saw %d requests, want 9", len(xs))
 	}
 	for i, x := range xs {
 		if x.status < 400 || (len(x.requestViolations()) == 0 && !strings.Contains(answers[i], `"validation":[{"location":["query"`)) {
 			t.Errorf("invalid request %q: status %d, violations %+v, answer %s; want a refusal with violations", x.body, x.status, x.violations, answers[i])
+		}
+	}
+
+	// An expire_at out of its bounds, which Prism lets through (they are
+	// words in a description: "Must be after send_at", three days at
+	// most), and which the tests' own check refuses.
+	now := time.Now()
+	for _, tt := range []struct {
+		v        string
+		inBounds bool
+	}{
+		{"2001-01-01T00:00:00.000Z", false},                                      // long past
+		{now.UTC().Format("2006-01-02T15:04:05.000Z07:00"), false},               // not after the send
+		{now.Add(4 * 24 * time.Hour).UTC().Format(time.RFC3339), false},          // more than three days
+		{now.Add(time.Hour).UTC().Format("2006-01-02T15:04:05.000Z07:00"), true}, // the control
+	} {
+		n := len(exchanges())
+		do(http.MethodPost, "/xms/v1/plan1/batches", `{"to":["+15551234567"],"from":"Acme","body":"x","expire_at":"`+tt.v+`"}`)
+		x := exchanges()[n]
+		if x.status != http.StatusCreated || len(x.requestViolations()) > 0 {
+			t.Errorf("Prism now refuses expire_at %s (status %d, violations %+v): let the mock check the bounds", tt.v, x.status, x.requestViolations())
+		}
+		if err := checkExpireAt(tt.v, now, time.Now()); (err == nil) != tt.inBounds {
+			t.Errorf("expire_at %s: the tests' bounds check says %v, want in bounds %v", tt.v, err, tt.inBounds)
+		}
+	}
+}
+
+// sinchExpireAtWords reads what the document says of a batch's expire_at
+// (sendBatchObject, the send's body): its type and format, and its
+// description, which holds its bounds in words ("Must be after send_at.
+// Default is 3 days after send_at."); the schema has no keyword Prism
+// could check them by.
+func sinchExpireAtWords(t *testing.T) (typ, format, description string) {
+	t.Helper()
+	raw, err := os.ReadFile(sinchSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]struct {
+					Type        string `yaml:"type"`
+					Format      string `yaml:"format"`
+					Description string `yaml:"description"`
+				} `yaml:"properties"`
+			} `yaml:"schemas"`
+		} `yaml:"components"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	p, ok := doc.Components.Schemas["sendBatchObject"].Properties["expire_at"]
+	if !ok {
+		t.Fatal("the document's sendBatchObject has no expire_at")
+	}
+	return p.Type, p.Format, strings.Join(strings.Fields(p.Description), " ")
+}
+
+// sinchExpireAtLayout is how the adapter writes expire_at, as Sinch's SDK
+// does (a JavaScript Date's toISOString): UTC, to the millisecond.
+var sinchExpireAtLayout = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$`)
+
+// checkExpireAt says why v is not an expire_at the document allows for a
+// batch sent between before and after, its send_at (none is sent, so it is
+// when Sinch took the batch): after send_at, and no later than three days
+// after it (the SDK's maximum, the document's default); nil if it is.
+func checkExpireAt(v string, before, after time.Time) error {
+	at, err := time.Parse(time.RFC3339Nano, v)
+	switch {
+	case err != nil:
+		return fmt.Errorf("expire_at %q is not an RFC 3339 date-time: %v", v, err)
+	case !at.After(after):
+		return fmt.Errorf("expire_at %s is not after the batch's send_at (no later than %s)", v, after.UTC().Format(time.RFC3339Nano))
+	case at.After(after.Add(3 * 24 * time.Hour)):
+		return fmt.Errorf("expire_at %s is more than 3 days after the batch's send_at", v)
+	}
+	return nil
+}
+
+// TestSinchExpireAtConformsToPublishedSpec points the Sinch adapter at
+// Prism serving Sinch's document, with messages that expire: each batch
+// carries expire_at, the property the document defines for it (a
+// date-time, "If set the system will stop trying to deliver the message at
+// this point"), in the SDK's form (UTC, milliseconds), after its send_at and
+// no more than three days after it (bounds the document gives in words,
+// which the test checks itself), and draws the document's 201 and no
+// violation. An hour left is the expiry itself, to the millisecond; less
+// than a second left is a second after the send; more than three days
+// left is three days. A message without an expiry carries none.
+func TestSinchExpireAtConformsToPublishedSpec(t *testing.T) {
+	t.Parallel()
+	typ, format, words := sinchExpireAtWords(t)
+	if typ != "string" || format != "date-time" || !strings.Contains(words, "Must be after send_at.") || !strings.Contains(words, "Default is 3 days after send_at.") {
+		t.Fatalf("the document's expire_at is %s %s, %q: not what the adapter's bounds read", typ, format, words)
+	}
+	base, _, exchanges := startPrismAt(t, sinchSpec, "")
+	c, err := provider.NewSinch(provider.SinchConfig{BaseURL: base, ServicePlanID: "jd63jf88477ll", APIToken: "s3cret-token",
+		From: "Acme", ReceiptsURL: "https://receipts.example.com", Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type sent struct {
+		name          string
+		expiresAt     time.Time
+		before, after time.Time
+	}
+	var cases []sent
+	for _, tt := range []struct {
+		name string
+		left time.Duration
+	}{
+		{"an hour left", time.Hour},
+		{"0.9 s left", 900 * time.Millisecond},
+		{"four days left", 96 * time.Hour},
+		{"no expiry", 0},
+	} {
+		m := testMsg
+		before := time.Now()
+		if tt.left != 0 {
+			// Microseconds, as Postgres keeps them: the adapter drops
+			// what a millisecond does not hold.
+			m.ExpiresAt = before.Add(tt.left).Round(time.Microsecond)
+		}
+		o := c.Send(context.Background(), m)
+		if o.Kind != provider.Sent || o.HTTPStatus != http.StatusCreated {
+			t.Errorf("%s: outcome %+v, want Sent 201", tt.name, o)
+		}
+		cases = append(cases, sent{tt.name, m.ExpiresAt, before, time.Now()})
+	}
+	xs := exchanges()
+	if len(xs) != len(cases) {
+		t.Fatalf("prism saw %d requests, want %d", len(xs), len(cases))
+	}
+	for i, x := range xs {
+		tt := cases[i]
+		if v := x.requestViolations(); len(v) > 0 || x.status != http.StatusCreated {
+			t.Errorf("%s: status %d, violations %+v", tt.name, x.status, v)
+		}
+		var body map[string]any
+		if err := json.Unmarshal(x.body, &body); err != nil {
+			t.Fatal(err)
+		}
+		v, ok := body["expire_at"].(string)
+		if tt.expiresAt.IsZero() {
+			if _, has := body["expire_at"]; has {
+				t.Errorf("%s: expire_at %v, want none", tt.name, body["expire_at"])
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("%s: expire_at %v, want a date-time", tt.name, body["expire_at"])
+			continue
+		}
+		if !sinchExpireAtLayout.MatchString(v) {
+			t.Errorf("%s: expire_at %s, want a UTC date-time to the millisecond", tt.name, v)
+		}
+		if err := checkExpireAt(v, tt.before, tt.after); err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+		at, _ := time.Parse(time.RFC3339Nano, v)
+		switch left := tt.expiresAt.Sub(tt.before); {
+		case left > 72*time.Hour:
+			if at.Before(tt.before.Add(72*time.Hour).Add(-time.Millisecond)) || at.After(tt.after.Add(72*time.Hour)) {
+				t.Errorf("%s: expire_at %s, want three days after the send", tt.name, v)
+			}
+		case left < time.Second:
+			if at.Before(tt.before.Add(time.Second).Add(-time.Millisecond)) || at.After(tt.after.Add(time.Second)) {
+				t.Errorf("%s: expire_at %s, want a second after the send", tt.name, v)
+			}
+		default:
+			if want := tt.expiresAt.UTC().Truncate(time.Millisecond); !at.Equal(want) {
+				t.Errorf("%s: expire_at %s, want the expiry to the millisecond, %s", tt.name, v, want.Format(time.RFC3339Nano))
+			}
 		}
 	}
 }
