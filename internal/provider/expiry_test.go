@@ -124,3 +124,26 @@ func TestSendTellsTheGenericAPITheExpiry(t *testing.T) {
 		}
 	}
 }
+
+// Vonage's and Telnyx's send requests have no field for a message's
+// validity in the documents the adapters follow (docs/providers.md,
+// "Expiry"), so a message with an expiry is sent exactly as one without:
+// the same bytes, nothing guessed.
+func TestVonageAndTelnyxAreToldNoExpiry(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"vonage", "telnyx"} {
+		p := startProvider(t, reply(http.StatusCreated, `{"message_uuid":"u1","data":{"id":"t1"}}`))
+		c := expiryAdapters(t, p.URL)[name]
+		m := testMsg
+		m.ExpiresAt = time.Now().Add(time.Hour)
+		for _, m := range []provider.Message{testMsg, m} {
+			if o := c.Send(context.Background(), m); o.Kind != provider.Sent {
+				t.Fatalf("%s: %+v", name, o)
+			}
+		}
+		reqs := p.requests()
+		if len(reqs) != 2 || !bytes.Equal(reqs[0].Body, reqs[1].Body) {
+			t.Errorf("%s: %d requests; the one with an expiry differs from the one without", name, len(reqs))
+		}
+	}
+}

@@ -68,6 +68,9 @@ const TelnyxReceiptsPath = "/v1/receipts/telnyx"
 // reference of ours: the row id travels in webhook_url's query instead,
 // and comes back in each webhook's payload.
 //
+// Nor does it give the send a field for a message's validity or expiry:
+// a message's expiry is not sent (docs/providers.md, "Expiry").
+//
 // Telnyx honours no idempotency key on this operation: its API reference
 // declares Idempotency-Key per endpoint (developers.telnyx.com, "API
 // fundamentals: Idempotency": "Use this header on endpoints whose API

@@ -58,6 +58,10 @@ var ErrVonageNoLookup = errors.New("provider: vonage offers no lookup by our ref
 // webhook_version are not in that version of the document; Vonage's Node
 // SDK (@vonage/messages, MessageParams) documents them.
 //
+// A message's expiry is not sent: the document gives an SMS no validity
+// (its ttl is Viber's), and the SMS API's ttl is another API's
+// (docs/providers.md, "Expiry").
+//
 // Vonage honours no idempotency key, so the client always runs in
 // non-idempotent mode: an attempt that may have reached Vonage and lost its
 // answer is Ambiguous (the row ends unknown unless a receipt arrives),
