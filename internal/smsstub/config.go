@@ -84,8 +84,9 @@ type Config struct {
 	// Nil discards logs.
 	Logger *slog.Logger
 
-	// Now is the clock used for retention, so tests can expire entries
-	// without sleeping. Nil means time.Now.
+	// Now is the clock used for retention and for messages' expires_at,
+	// so tests can expire entries and messages without sleeping. Nil
+	// means time.Now.
 	Now func() time.Time
 }
 

@@ -13,6 +13,12 @@
 //
 //	{"to":"+15551234567","body":"Your code is 482901"}
 //
+// The body may also carry "reference", "callback_url" (receipts) and
+// "expires_at", the message's expiry as an RFC 3339 date-time
+// ("2030-01-02T03:04:05.678Z"); the stub records the expiry of each
+// delivery (Delivery.ExpiresAt, in /admin/deliveries) so that tests can
+// see it arrived.
+//
 // A new message is answered 201 with
 //
 //	{"id":"msg_<24 hex digits>","to":"+15551234567","status":"queued"}
@@ -31,7 +37,8 @@
 //     CodeInvalidTo (21211) when "to" does not match ^\+[1-9][0-9]{1,14}$;
 //     400 code CodeBodyRequired (21602) when "body" is empty; 400 code
 //     CodeBodyTooLong (21617) when "body" is longer than MaxBodyChars
-//     characters.
+//     characters; 400 code 400 when "expires_at" is present and not an
+//     RFC 3339 date-time.
 //
 // A well-formed request then goes through the idempotency cache. The cache
 // compares the SHA-256 of the raw request body bytes, so a retry must resend
@@ -42,6 +49,14 @@
 //     no new delivery is made;
 //   - key seen, different body: 422 code 422;
 //   - key seen, first request still being processed: 409 code 409;
+//   - key unseen (or keys ignored), or its stored response older than
+//     Config.Retention, and "expires_at" at or before the stub's clock (Config.Now) when the
+//     request arrives: 400 code CodeExpired (30036, Twilio's "Validity
+//     Period Expired") with the message "message expired before it was
+//     taken: ...", counted in Stats.Expired; nothing is delivered and the
+//     key stays unseen, as at a provider that drops expired messages. A
+//     key already taken gets its replay, expired or not: the refusal
+//     would say nothing was sent;
 //   - key unseen, or its stored response older than Config.Retention: the
 //     request is processed, which waits Latency plus jitter and then applies
 //     the faults in order: rate limit (429 code CodeRateLimited with a
@@ -105,8 +120,8 @@
 //
 // The admin endpoints are unauthenticated; bind the stub to loopback.
 //
-//	GET  /admin/deliveries  {"<key>":{"to":"+1555…","deliveries":1,"requests":2,"provider_id":"msg_…"}}
-//	GET  /admin/stats       {"requests":N,"deliveries":N,"replays":N,"conflicts":N,"mismatches":N,"failures":N,"rate_limited":N,"withheld":N,"keys":N}
+//	GET  /admin/deliveries  {"<key>":{"to":"+1555…","deliveries":1,"requests":2,"provider_id":"msg_…","expires_at":"…"}}
+//	GET  /admin/stats       {"requests":N,"deliveries":N,"replays":N,"conflicts":N,"mismatches":N,"failures":N,"rate_limited":N,"withheld":N,"expired":N,"keys":N}
 //	POST /admin/reset       clears deliveries, stored responses and counters (204); faults are kept
 //	GET  /admin/faults      the faults in force, as a Faults JSON object
 //	POST /admin/faults      replaces the faults with the posted Faults JSON object and returns the result

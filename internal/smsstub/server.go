@@ -50,6 +50,11 @@ const (
 	CodeBodyRequired = 21602
 	// CodeBodyTooLong accompanies 400 when "body" exceeds MaxBodyChars.
 	CodeBodyTooLong = 21617
+	// CodeExpired accompanies 400 when a message's "expires_at" had
+	// passed when its request arrived: nothing is delivered. It is
+	// Twilio's code for a message whose validity period ran out before
+	// Twilio sent it ("Validity Period Expired").
+	CodeExpired = 30036
 )
 
 // Delivery is what the stub knows about one idempotency key. It never
@@ -67,6 +72,9 @@ type Delivery struct {
 	Requests int `json:"requests"`
 	// ProviderID is the id minted for the last delivery, empty if none.
 	ProviderID string `json:"provider_id"`
+	// ExpiresAt is the expiry the last delivery's request carried
+	// (expires_at), zero (and absent from JSON) when it carried none.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// Fate is the last delivery's fate, delivered or undelivered, when the
 	// stub sends receipts for it (Receipts.Secret and a callback_url);
 	// empty otherwise.
@@ -97,6 +105,9 @@ type Stats struct {
 	OverLimit int64 `json:"over_limit"`
 	// Withheld counts deliveries whose response was withheld.
 	Withheld int64 `json:"withheld"`
+	// Expired counts requests refused because their expires_at had passed
+	// when they arrived (400 code CodeExpired).
+	Expired int64 `json:"expired"`
 	// Keys is the number of distinct idempotency keys seen.
 	Keys int64 `json:"keys"`
 	// Dropped counts requests lost before they were taken (DropRate).
@@ -366,6 +377,10 @@ type messageRequest struct {
 	// message by it); CallbackURL is where its receipts go.
 	Reference   string `json:"reference,omitempty"`
 	CallbackURL string `json:"callback_url,omitempty"`
+	// ExpiresAt is the message's expiry as sent (RFC 3339), "" for none;
+	// expires is it parsed.
+	ExpiresAt string `json:"expires_at,omitempty"`
+	expires   time.Time
 	// From and Service are a Twilio request's From and MessagingServiceSid
 	// (the generic API has neither).
 	From    string `json:"-"`
@@ -390,6 +405,7 @@ const (
 	msgKeyRequired = "Idempotency-Key required"
 	msgInProgress  = "a request with this Idempotency-Key is in progress"
 	msgMismatch    = "Idempotency-Key reused with a different request body"
+	msgExpired     = "message expired before it was taken: expires_at had passed when the request arrived"
 )
 
 func (s *Server) handleMessage(w http.ResponseWriter, r *http.Request) {
@@ -469,6 +485,13 @@ func parseMessage(raw []byte) (messageRequest, int, string) {
 	case n > MaxBodyChars:
 		return m, CodeBodyTooLong, "message body exceeds the " + strconv.Itoa(MaxBodyChars) + " character limit"
 	}
+	if m.ExpiresAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, m.ExpiresAt)
+		if err != nil {
+			return m, http.StatusBadRequest, "invalid expires_at: not an RFC 3339 date-time"
+		}
+		m.expires = t
+	}
 	return m, 0, ""
 }
 
@@ -496,9 +519,10 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 	s.mu.Lock()
 	s.stats.Requests++
 	s.recordLocked(key).Requests++
+	now := s.now()
 	var e *entry
-	if sh == shapeGeneric && !s.ignoreKeys {
-		now := s.now()
+	cached := sh == shapeGeneric && !s.ignoreKeys
+	if cached {
 		s.pruneLocked(now)
 		if old, ok := s.entries[key]; ok {
 			switch {
@@ -528,6 +552,19 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 				return
 			}
 		}
+	}
+	// A message whose expiry had passed when it arrived is not taken, as
+	// a provider that drops expired messages would not. After the cache:
+	// a retry of a message taken in time gets its replay, not a refusal
+	// that would say nothing was sent.
+	if !msg.expires.IsZero() && !now.Before(msg.expires) {
+		s.stats.Expired++
+		s.mu.Unlock()
+		s.logOutcome(ctx, "expired", http.StatusBadRequest, "")
+		sh.writeError(w, http.StatusBadRequest, CodeExpired, msgExpired)
+		return
+	}
+	if cached {
 		e = &entry{hash: hash}
 		s.entries[key] = e
 	}
@@ -606,6 +643,7 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 		rec.Deliveries++
 		rec.To = msg.To
 		rec.ProviderID = id
+		rec.ExpiresAt = msg.expires
 		s.stats.Deliveries++
 		if withhold {
 			s.stats.Withheld++
