@@ -86,13 +86,20 @@
 //
 //	To=%2B15551234567&From=%2B15550001111&Body=...&StatusCallback=https://.../v1/receipts/twilio?ref=<outbox id>
 //
-// MessagingServiceSid may stand for From. A message is answered 201 with
+// MessagingServiceSid may stand for From, and ValidityPeriod may give the
+// seconds the message may wait in the queue; each delivery's record keeps
+// it (Delivery.ValidityPeriod, "validity_period" in /admin/deliveries),
+// so tests can see it arrived. A message is answered 201 with
 // Twilio's Message resource (sid "SM" and 32 hex digits, status queued, or
 // accepted through a messaging service, date_sent null), and errors with
 // Twilio's {"code","message","more_info","status"}: 401 code 20003 for
 // other credentials, 404 code 20404 for another account, 400 code 21211
 // (the number echoed, as Twilio does), 21603, 21602, 21617 or 21609 for a
-// bad To, no sender, an empty or oversize body, a bad StatusCallback.
+// bad To, no sender, an empty or oversize body, a bad StatusCallback; 400
+// code 20001 for a ValidityPeriod that is not an integer from 1 to 36000,
+// the bounds Twilio's OpenAPI document gives it (Twilio itself answers a
+// period below its minimum with 30012, "TTL is too small"). The facade
+// does not expire a queued message when its period runs out.
 // Nothing is idempotent: every request that gets past the faults (the same
 // Faults as the generic API: latency, 429, injected failures, drops,
 // withheld answers) is a new message. Deliveries are counted per key: the

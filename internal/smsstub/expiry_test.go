@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/sendonce/sendonce/internal/provider"
 )
@@ -155,5 +158,80 @@ func TestExpiresAtFromTheGenericClient(t *testing.T) {
 				t.Errorf("the stub an hour ahead: outcome %+v, record %+v; want a permanent 400 %d, nothing taken", o, d, CodeExpired)
 			}
 		}
+	}
+}
+
+// The Twilio facade reads ValidityPeriod as Twilio's document bounds it:
+// an integer from 1 to 36000 is taken and kept in the delivery's record;
+// anything else is refused, 400 code 20001, nothing delivered. The
+// sender's Twilio adapter, given a message with an hour left, sends a
+// period the facade takes: just under 3600 seconds, never more.
+func TestTwilioFacadeValidityPeriod(t *testing.T) {
+	t.Parallel()
+	s := newTwilioStub(t, Config{})
+	create := func(key string, validity ...string) (int, twilioError) {
+		t.Helper()
+		form := url.Values{"To": {testTo}, "From": {testFrom}, "Body": {testText},
+			"StatusCallback": {"http://127.0.0.1:1/v1/receipts/twilio?ref=" + key}}
+		if len(validity) > 0 {
+			form["ValidityPeriod"] = validity
+		}
+		req, _ := http.NewRequest(http.MethodPost, s.url+listPath, strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.SetBasicAuth(testAccount, testToken)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e twilioError
+		if resp.StatusCode != http.StatusCreated {
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode, e
+	}
+	for _, tt := range []struct {
+		name     string
+		validity []string
+		status   int
+		recorded int
+	}{
+		{"none", nil, 201, 0},
+		{"the minimum", []string{"1"}, 201, 1},
+		{"an hour", []string{"3600"}, 201, 3600},
+		{"the maximum", []string{"36000"}, 201, 36000},
+		{"zero", []string{"0"}, 400, 0},
+		{"over the maximum", []string{"36001"}, 400, 0},
+		{"negative", []string{"-5"}, 400, 0},
+		{"not an integer", []string{"1.5"}, 400, 0},
+		{"not a number", []string{"soon"}, 400, 0},
+		{"empty", []string{""}, 400, 0},
+	} {
+		key := "vp-" + strings.ReplaceAll(tt.name, " ", "-")
+		status, e := create(key, tt.validity...)
+		d := s.Deliveries()[key]
+		switch {
+		case status != tt.status:
+			t.Errorf("%s: status %d, want %d", tt.name, status, tt.status)
+		case status == 400 && (e.Code != CodeTwilioInvalid || !strings.Contains(e.Message, "ValidityPeriod") || d.Deliveries != 0):
+			t.Errorf("%s: %+v, record %+v; want code %d naming ValidityPeriod, nothing delivered", tt.name, e, d, CodeTwilioInvalid)
+		case status == 201 && (d.Deliveries != 1 || d.ValidityPeriod != tt.recorded):
+			t.Errorf("%s: record %+v, want one delivery with ValidityPeriod %d", tt.name, d, tt.recorded)
+		}
+	}
+	raw := getRaw(t, s.url+"/admin/deliveries")
+	if !strings.Contains(raw, `"validity_period":3600`) || strings.Count(raw, "validity_period") != 3 {
+		t.Errorf("admin deliveries: %s", raw)
+	}
+
+	// The adapter, an hour left.
+	m := provider.Message{Key: uuid.NewString(), To: testTo, Body: testText, ExpiresAt: time.Now().Add(time.Hour)}
+	if o := adapter(t, s, nil).Send(context.Background(), m); o.Kind != provider.Sent {
+		t.Fatalf("adapter: %+v", o)
+	}
+	if d := s.Deliveries()[m.Key]; d.Deliveries != 1 || d.ValidityPeriod < 3590 || d.ValidityPeriod > 3599 {
+		t.Errorf("adapter, an hour left: record %+v, want ValidityPeriod just under 3600", d)
 	}
 }

@@ -75,6 +75,10 @@ type Delivery struct {
 	// ExpiresAt is the expiry the last delivery's request carried
 	// (expires_at), zero (and absent from JSON) when it carried none.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// ValidityPeriod is the ValidityPeriod, in seconds, that the last
+	// delivery's request to the Twilio facade carried; 0 (and absent from
+	// JSON) when it carried none.
+	ValidityPeriod int `json:"validity_period,omitempty"`
 	// Fate is the last delivery's fate, delivered or undelivered, when the
 	// stub sends receipts for it (Receipts.Secret and a callback_url);
 	// empty otherwise.
@@ -381,10 +385,12 @@ type messageRequest struct {
 	// expires is it parsed.
 	ExpiresAt string `json:"expires_at,omitempty"`
 	expires   time.Time
-	// From and Service are a Twilio request's From and MessagingServiceSid
-	// (the generic API has neither).
-	From    string `json:"-"`
-	Service string `json:"-"`
+	// From, Service and ValidityPeriod are a Twilio request's From,
+	// MessagingServiceSid and ValidityPeriod (seconds, 0 for none); the
+	// generic API has none of them.
+	From           string `json:"-"`
+	Service        string `json:"-"`
+	ValidityPeriod int    `json:"-"`
 }
 
 // messageResponse is the /v1/messages success body.
@@ -644,6 +650,7 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 		rec.To = msg.To
 		rec.ProviderID = id
 		rec.ExpiresAt = msg.expires
+		rec.ValidityPeriod = msg.ValidityPeriod
 		s.stats.Deliveries++
 		if withhold {
 			s.stats.Withheld++

@@ -156,6 +156,8 @@ func (s *Server) handleTwilioCreate(w http.ResponseWriter, r *http.Request) {
 	msg := messageRequest{To: form.Get("To"), Body: form.Get("Body"), From: form.Get("From"),
 		Service: form.Get("MessagingServiceSid"), CallbackURL: form.Get("StatusCallback")}
 	key := twilioKey(&msg)
+	validity, validityOK := twilioValidity(form)
+	msg.ValidityPeriod = validity
 	switch n := utf8.RuneCountInString(msg.Body); {
 	case !validE164(msg.To):
 		// Twilio echoes the number: the adapter must not pass it on.
@@ -170,9 +172,30 @@ func (s *Server) handleTwilioCreate(w http.ResponseWriter, r *http.Request) {
 			"The concatenated message body exceeds the "+strconv.Itoa(MaxBodyChars)+" character limit.")
 	case msg.CallbackURL != "" && !validCallback(msg.CallbackURL):
 		s.reject(ctx, w, shapeTwilio, key, true, http.StatusBadRequest, CodeTwilioBadCallback, "The StatusCallback URL is not valid.")
+	case !validityOK:
+		s.reject(ctx, w, shapeTwilio, key, true, http.StatusBadRequest, CodeTwilioInvalid,
+			"ValidityPeriod must be an integer from "+strconv.Itoa(twilioMinValidity)+" to "+strconv.Itoa(twilioMaxValidity)+".")
 	default:
 		s.process(w, r, shapeTwilio, key, nil, msg)
 	}
+}
+
+// The bounds of ValidityPeriod, in seconds, as Twilio's OpenAPI document
+// gives them: "Accepted values are integers from `1` to `36000`."
+const (
+	twilioMinValidity = 1
+	twilioMaxValidity = 36000
+)
+
+// twilioValidity reads a create's ValidityPeriod: 0 and true when it has
+// none; the seconds and true when it is an integer within the document's
+// bounds; false for anything else.
+func twilioValidity(form url.Values) (int, bool) {
+	if !form.Has("ValidityPeriod") {
+		return 0, true
+	}
+	n, err := strconv.Atoi(form.Get("ValidityPeriod"))
+	return n, err == nil && n >= twilioMinValidity && n <= twilioMaxValidity
 }
 
 // twilioKey returns a Twilio request's delivery key, and sets its
