@@ -57,6 +57,57 @@ minimum share of its work, so bulk is delayed by urgent traffic, never
 starved. The priority is part of the message: it cannot change after the
 insert. Other languages set the column priority (1, 2 or 3) in the INSERT.
 
+# One intent: the application's own key
+
+A form posted twice, a client that retries after a timeout, a job that ran
+twice: each writes the same intent again. WithKey names it with a key of
+the application's own (1 to MaxKeyChars characters, no control
+characters), and at most one message is ever written for a key, by the
+database itself, under any concurrency:
+
+	var created bool
+	id, err := outbox.Enqueue(ctx, tx, "+15551234567", "Your code is 482901",
+		outbox.WithKey("login:"+userID+":"+challengeID), outbox.Created(&created))
+
+The same key with the same number and body writes nothing and returns the
+first message's id (created is false); with another number or body the
+call fails with an error matching ErrKeyReused, writes nothing, and
+aborts the transaction, as any SQL error does. EnqueueBatch takes a Key per
+Message (CreatedEach reports which were new; two messages of one batch
+with the same key are one message). A key lives as long as its message's
+row: once retention has purged a finished message, its key may be used
+again.
+
+# On time: a send time and an expiry
+
+WithSendAt holds a message until a time: it is StatusScheduled until
+then, no provider call is made before it, and the relay makes it pending
+when it comes (within about a quarter of a second). WithExpiresAt gives it
+an expiry: no provider call is started at or after it, and a message that
+reaches it unsent ends StatusExpired, never sent, however long an outage
+held it back. The provider is told the time left too (Twilio's
+ValidityPeriod, Sinch's expire_at, the generic API's expires_at), so that
+it does not deliver the message late either. A message a call may already
+have reached is not expired: the provider's answer, a lookup or a
+receipt settles it, as for any message.
+
+	id, err := outbox.Enqueue(ctx, tx, "+15551234567", "Your code is 482901",
+		outbox.WithExpiresAt(time.Now().Add(10*time.Minute)))
+
+	id, err := outbox.Enqueue(ctx, tx, "+15551234567", "Your table is booked for 8pm",
+		outbox.WithSendAt(tomorrow9am))
+
+# Cancel
+
+Cancel takes a message back while no provider call has started for it: it
+ends StatusCancelled and is never sent. Later it changes nothing and says
+what the message is (StatusSending, StatusSent, ...). A cancel and a
+sender's claim of the same message are ordered by the database: the
+message is either cancelled and never called, or called and not
+cancelled.
+
+	st, err := outbox.Cancel(ctx, pool, id)
+
 # Enqueueing with database/sql
 
 EnqueueSQL takes a *sql.Tx from any Postgres driver (pgx's stdlib, lib/pq):
@@ -99,11 +150,17 @@ of
 	dead         it will not be sent, and the user got nothing
 	unknown      an attempt may or may not have reached the provider;
 	             a person decides (see the operator commands)
+	scheduled    written with a send time still to come (WithSendAt)
+	expired      its expiry came before any call could take it: never sent
+	cancelled    taken back by Cancel before any call: never sent
+	suppressed   its number is on the suppression list: never sent
 
 and moves forward only:
 
-	pending -> queued -> sending -> sent -> delivered | undelivered
-	                            \-> dead | unknown
+	scheduled -> pending -> queued -> sending -> sent -> delivered | undelivered
+	                                         \-> dead | unknown
+	scheduled, pending, queued -> expired | cancelled
+	pending, queued -> suppressed
 
 A retry takes a row from sending back to queued, which ends one attempt
 rather than going back. delivered and undelivered come from the provider's
@@ -127,5 +184,15 @@ An application in another language writes the same row itself:
 
 	INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3);  -- $1: a random UUID
 	SELECT status, provider_ref, last_error FROM sendonce_status($1);
+
+with, if it wants them, the columns priority, idempotency_key, send_at and
+expires_at in the same INSERT. A plain INSERT ... ON CONFLICT DO NOTHING
+with a key already used writes nothing; sendonce_enqueue writes the
+message or returns the one its key names (and refuses another number or
+body with unique_violation), in one statement:
+
+	SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4);  -- id, number, body, key
+	SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4, 2::smallint, NULL, now() + interval '10 minutes');
+	SELECT sendonce_cancel($1);  -- the status after it; NULL: no such message
 */
 package outbox

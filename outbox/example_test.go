@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -117,4 +118,71 @@ func ExampleValidate() {
 	// field: to
 	// invalid: true
 	// outbox: invalid body: empty
+}
+
+// A sign-up form posted twice sends one code: the second write of the same
+// key finds the first message. The code is worth sending for ten minutes.
+func ExampleWithKey() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+
+	key := "signup:" + uuid.NewString() // the form's submission id
+	expires := time.Now().Add(10 * time.Minute)
+	var ids []uuid.UUID
+	for range 2 { // the form, posted twice
+		var created bool
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			id, err := outbox.Enqueue(ctx, tx, "+15551234567", "Your code is 482901",
+				outbox.WithKey(key), outbox.WithExpiresAt(expires), outbox.Created(&created))
+			ids = append(ids, id)
+			return err
+		})
+		fmt.Println("written:", created, err)
+	}
+	fmt.Println("one message:", ids[0] == ids[1])
+
+	// The same key for another message is refused, and nothing is written.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, "+15551234567", "Your code is 000000", outbox.WithKey(key))
+		return err
+	})
+	fmt.Println("another message:", errors.Is(err, outbox.ErrKeyReused))
+	// Output:
+	// written: true <nil>
+	// written: false <nil>
+	// one message: true
+	// another message: true
+}
+
+// A reminder for tomorrow waits as scheduled, and is taken back when the
+// booking is cancelled.
+func ExampleCancel() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+
+	var id uuid.UUID
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = outbox.Enqueue(ctx, tx, "+15551234567", "Your table is booked for 8pm tomorrow",
+			outbox.WithSendAt(time.Now().Add(24*time.Hour)))
+		return err
+	})
+	st, _ := outbox.Status(ctx, pool, id)
+	fmt.Println("status:", st.Status, err)
+
+	state, err := outbox.Cancel(ctx, pool, id)
+	fmt.Println("after cancel:", state, err)
+	// Output:
+	// status: scheduled <nil>
+	// after cancel: cancelled <nil>
 }

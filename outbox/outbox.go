@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -44,6 +45,20 @@ const (
 	// (a lost response at a provider without idempotency). It is never
 	// retried blindly; a receipt, a lookup or a person settles it.
 	StatusUnknown State = "unknown"
+	// StatusScheduled is a message written with a send time in the future
+	// (WithSendAt): it waits, and becomes pending at that time.
+	StatusScheduled State = "scheduled"
+	// StatusExpired is a message that reached its expiry (WithExpiresAt)
+	// before any provider call could have taken it: it was never sent
+	// (final).
+	StatusExpired State = "expired"
+	// StatusCancelled is a message the application cancelled (Cancel)
+	// before any provider call started: it was never sent (final).
+	StatusCancelled State = "cancelled"
+	// StatusSuppressed is a message to a number on the suppression list
+	// (its owner replied STOP, or an operator or the application added
+	// it): it was never sent (final).
+	StatusSuppressed State = "suppressed"
 )
 
 // Terminal reports whether the pipeline is done with a message in state s:
@@ -52,7 +67,20 @@ const (
 // provider reports having after all.
 func (s State) Terminal() bool {
 	switch s {
-	case StatusSent, StatusDelivered, StatusUndelivered, StatusDead, StatusUnknown:
+	case StatusSent, StatusDelivered, StatusUndelivered, StatusDead, StatusUnknown,
+		StatusExpired, StatusCancelled, StatusSuppressed:
+		return true
+	}
+	return false
+}
+
+// Unsent reports whether a message in state s is finished without having
+// been sent: dead, expired, cancelled or suppressed. The user got nothing
+// (a dead message a signed receipt later shows the provider had is the one
+// exception: it then follows the receipt).
+func (s State) Unsent() bool {
+	switch s {
+	case StatusDead, StatusExpired, StatusCancelled, StatusSuppressed:
 		return true
 	}
 	return false
@@ -134,11 +162,54 @@ func (p Priority) Valid() bool { return p >= Urgent && p <= Bulk }
 // Option changes how one message is enqueued.
 type Option func(*options)
 
-type options struct{ priority Priority }
+type options struct {
+	priority          Priority
+	key               string
+	keyed             bool
+	sendAt, expiresAt time.Time
+	created           *bool
+	createdEach       *[]bool
+}
 
 // WithPriority enqueues the message with priority p (default Normal). An
 // invalid priority is refused with a *ValidationError on "priority".
 func WithPriority(p Priority) Option { return func(o *options) { o.priority = p } }
+
+// WithKey names the message's intent with the application's own key (an
+// order id and what the message is for, a form's submission id): at most
+// one message is ever written for one key. Enqueueing the same key again
+// with the same number and body writes nothing and returns the first
+// message's id (Created says which happened); with another number or body
+// it fails with an error matching ErrKeyReused and writes nothing. The key
+// is 1 to MaxKeyChars characters without control characters; it lives as
+// long as its message's row (retention purges finished rows, and with
+// them their keys).
+func WithKey(key string) Option { return func(o *options) { o.key, o.keyed = key, true } }
+
+// Created sets *p, once Enqueue or EnqueueSQL succeeds, to whether this
+// call wrote the message: false when WithKey's key already named one.
+func Created(p *bool) Option { return func(o *options) { o.created = p } }
+
+// WithSendAt schedules the message: no provider call is made before t.
+// Until then its status is StatusScheduled, and Cancel takes it back. A
+// time in the past (or zero) sends at once.
+func WithSendAt(t time.Time) Option { return func(o *options) { o.sendAt = t } }
+
+// WithExpiresAt gives the message an expiry: no provider call is started
+// at or after t, and a message that reaches it unsent ends
+// StatusExpired. The provider is told the time left, so that it does not
+// deliver the message later either (where its API allows). A message a
+// call may already have reached is not expired: the provider's answer, a
+// lookup or a receipt settles it. t must be after WithSendAt's time.
+func WithExpiresAt(t time.Time) Option { return func(o *options) { o.expiresAt = t } }
+
+// MaxKeyChars is the longest idempotency key accepted, in characters.
+const MaxKeyChars = 255
+
+// ErrKeyReused is matched by errors.Is when a key given to WithKey (or the
+// idempotency_key column) already names a message with another number or
+// body. Nothing was written.
+var ErrKeyReused = errors.New("outbox: idempotency key already used for another message")
 
 func apply(opts []Option) (options, error) {
 	o := options{priority: Normal}
@@ -148,7 +219,33 @@ func apply(opts []Option) (options, error) {
 	if !o.priority.Valid() {
 		return o, &ValidationError{Field: "priority", Reason: "not 1 (urgent), 2 (normal) or 3 (bulk)"}
 	}
+	if err := validateIntent(o.key, o.keyed, o.sendAt, o.expiresAt); err != nil {
+		return o, err
+	}
 	return o, nil
+}
+
+// validateIntent checks a message's key and times as the table will.
+func validateIntent(key string, keyed bool, sendAt, expiresAt time.Time) error {
+	if keyed {
+		switch n := utf8.RuneCountInString(key); {
+		case n == 0:
+			return &ValidationError{Field: "key", Reason: "empty"}
+		case !utf8.ValidString(key):
+			return &ValidationError{Field: "key", Reason: "not valid UTF-8"}
+		case n > MaxKeyChars:
+			return &ValidationError{Field: "key", Reason: fmt.Sprintf("%d characters, more than %d", n, MaxKeyChars)}
+		}
+		for _, r := range key {
+			if unicode.IsControl(r) {
+				return &ValidationError{Field: "key", Reason: "contains a control character"}
+			}
+		}
+	}
+	if !expiresAt.IsZero() && !sendAt.IsZero() && !expiresAt.After(sendAt) {
+		return &ValidationError{Field: "expires_at", Reason: "not after the send time"}
+	}
+	return nil
 }
 
 // Message is one message of EnqueueBatch.
@@ -159,22 +256,64 @@ type Message struct {
 	Body string
 	// Priority is the message's priority; zero means Normal.
 	Priority Priority
+	// Key, when not empty, is the message's idempotency key (WithKey).
+	Key string
+	// SendAt and ExpiresAt are WithSendAt's and WithExpiresAt's times;
+	// zero for none.
+	SendAt, ExpiresAt time.Time
 }
 
-// insert returns the statement and arguments that write one message. A
-// normal message names no priority column, so that an application works
-// against a database migrated before priorities as well.
+// enqueueSQL writes one message with a key through sendonce_enqueue
+// (migration 0030): it inserts the row, or finds the one the key already
+// names (and refuses another number or body), in one round trip.
+const enqueueSQL = `SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4, $5, $6, $7)`
+
+// insert returns the statement and arguments that write one message
+// without a key. A message with no more than a number and a body names no
+// other column, so that an application works against a database migrated
+// before those columns as well.
 func insert(id uuid.UUID, to, body string, o options) (string, []any) {
-	if o.priority == Normal {
+	switch {
+	case !o.sendAt.IsZero() || !o.expiresAt.IsZero():
+		return `INSERT INTO sms_outbox (id, to_e164, body, priority, send_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)`,
+			[]any{id, to, body, int16(o.priority), nullTime(o.sendAt), nullTime(o.expiresAt)}
+	case o.priority == Normal:
 		return `INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3)`, []any{id, to, body}
 	}
 	return `INSERT INTO sms_outbox (id, to_e164, body, priority) VALUES ($1, $2, $3, $4)`, []any{id, to, body, int16(o.priority)}
 }
 
+// keyedArgs are enqueueSQL's arguments.
+func keyedArgs(id uuid.UUID, to, body string, o options) []any {
+	return []any{id, to, body, o.key, int16(o.priority), nullTime(o.sendAt), nullTime(o.expiresAt)}
+}
+
+// nullTime is t, or nil (SQL NULL) for the zero time.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// keyed maps the error of a keyed write: a unique violation there is the
+// key naming another message (sendonce_enqueue raises it; an id collision
+// of two random UUIDs does not happen).
+func keyed(err error) error {
+	var st interface{ SQLState() string }
+	if errors.As(err, &st) && st.SQLState() == "23505" {
+		return fmt.Errorf("%w (nothing written)", ErrKeyReused)
+	}
+	return fmt.Errorf("outbox: insert: %w", err)
+}
+
 // Enqueue records the intent to send body to the E.164 number to, inside
 // the application's transaction tx, and returns the message's id: its
 // idempotency key for its whole life. The message is sent only if tx
-// commits. Invalid input returns a *ValidationError before any SQL.
+// commits. Invalid input returns a *ValidationError before any SQL. With
+// WithKey, a key that already names a message with the same number and
+// body returns that message's id and writes nothing (see Created); with
+// another, an error matching ErrKeyReused.
 func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (uuid.UUID, error) {
 	o, err := apply(opts)
 	if err != nil {
@@ -184,10 +323,19 @@ func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (u
 	if err != nil {
 		return uuid.Nil, err
 	}
+	if o.keyed {
+		var created bool
+		if err := tx.QueryRow(ctx, enqueueSQL, keyedArgs(id, to, body, o)...).Scan(&id, &created); err != nil {
+			return uuid.Nil, keyed(err)
+		}
+		o.setCreated(created)
+		return id, nil
+	}
 	sql, args := insert(id, to, body, o)
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
 	}
+	o.setCreated(true)
 	return id, nil
 }
 
@@ -202,21 +350,49 @@ func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string, opts ...Option
 	if err != nil {
 		return uuid.Nil, err
 	}
+	if o.keyed {
+		var created bool
+		if err := tx.QueryRowContext(ctx, enqueueSQL, keyedArgs(id, to, body, o)...).Scan(&id, &created); err != nil {
+			return uuid.Nil, keyed(err)
+		}
+		o.setCreated(created)
+		return id, nil
+	}
 	query, args := insert(id, to, body, o)
 	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
 	}
+	o.setCreated(true)
 	return id, nil
 }
+
+func (o options) setCreated(created bool) {
+	if o.created != nil {
+		*o.created = created
+	}
+}
+
+// CreatedEach sets *p, once EnqueueBatch succeeds, to whether it wrote
+// each message, in the order of the batch: false for a message whose Key
+// already named one.
+func CreatedEach(p *[]bool) Option { return func(o *options) { o.createdEach = p } }
 
 // EnqueueBatch records many messages inside tx in one statement (one round
 // trip, and one wake-up of the relays) and returns their ids in the order
 // of msgs. Every message is validated first: if one is invalid, nothing is
 // written and the error, a *ValidationError wrapped with the message's
-// index, says which.
-func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uuid.UUID, error) {
+// index, says which. A message whose Key already names one with the same
+// number and body gets that message's id (CreatedEach tells which); one
+// with another number or body fails the batch with ErrKeyReused, and
+// nothing is written. Two messages of one batch with the same key are one
+// message.
+func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message, opts ...Option) ([]uuid.UUID, error) {
 	if len(msgs) == 0 {
 		return nil, nil
+	}
+	var bo options
+	for _, opt := range opts {
+		opt(&bo)
 	}
 	ids := make([]uuid.UUID, len(msgs))
 	// [16]byte rather than uuid.UUID: pgx encodes it as a uuid without
@@ -225,7 +401,10 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uuid.UUID, 
 	tos := make([]string, len(msgs))
 	bodies := make([]string, len(msgs))
 	prios := make([]int16, len(msgs))
-	allNormal := true
+	keys := make([]*string, len(msgs))
+	sendAts := make([]*time.Time, len(msgs))
+	expires := make([]*time.Time, len(msgs))
+	allNormal, anyKey, anyTime := true, false, false
 	for i, m := range msgs {
 		p := m.Priority
 		if p == 0 {
@@ -234,23 +413,68 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uuid.UUID, 
 		if !p.Valid() {
 			return nil, fmt.Errorf("message %d of the batch: %w", i, &ValidationError{Field: "priority", Reason: "not 1 (urgent), 2 (normal) or 3 (bulk)"})
 		}
+		if err := validateIntent(m.Key, m.Key != "", m.SendAt, m.ExpiresAt); err != nil {
+			return nil, fmt.Errorf("message %d of the batch: %w", i, err)
+		}
 		id, err := newID(m.To, m.Body)
 		if err != nil {
 			return nil, fmt.Errorf("message %d of the batch: %w", i, err)
 		}
 		ids[i], raw[i], tos[i], bodies[i], prios[i] = id, id, m.To, m.Body, int16(p)
+		if m.Key != "" {
+			keys[i], anyKey = &msgs[i].Key, true
+		}
+		if !m.SendAt.IsZero() {
+			sendAts[i], anyTime = &msgs[i].SendAt, true
+		}
+		if !m.ExpiresAt.IsZero() {
+			expires[i], anyTime = &msgs[i].ExpiresAt, true
+		}
 		allNormal = allNormal && p == Normal
 	}
+	created := make([]bool, len(msgs))
 	var err error
-	if allNormal {
+	switch {
+	case anyKey:
+		rows, _ := tx.Query(ctx, `SELECT id, created FROM sendonce_enqueue_batch($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::timestamptz[], $7::timestamptz[])`,
+			raw, tos, bodies, keys, prios, sendAts, expires)
+		i := 0
+		var id uuid.UUID
+		var c bool
+		_, err = pgx.ForEachRow(rows, []any{&id, &c}, func() error {
+			if i < len(ids) {
+				ids[i], created[i] = id, c
+			}
+			i++
+			return nil
+		})
+		if err != nil {
+			return nil, keyed(err)
+		}
+		if i != len(ids) {
+			return nil, fmt.Errorf("outbox: insert batch of %d: %d ids returned", len(msgs), i)
+		}
+	case anyTime:
+		_, err = tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, priority, send_at, expires_at)
+			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::timestamptz[], $6::timestamptz[])`,
+			raw, tos, bodies, prios, sendAts, expires)
+	case allNormal:
 		_, err = tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body)
 			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])`, raw, tos, bodies)
-	} else {
+	default:
 		_, err = tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, priority)
 			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[])`, raw, tos, bodies, prios)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox: insert batch of %d: %w", len(msgs), err)
+	}
+	if !anyKey {
+		for i := range created {
+			created[i] = true
+		}
+	}
+	if bo.createdEach != nil {
+		*bo.createdEach = created
 	}
 	return ids, nil
 }
@@ -366,4 +590,41 @@ func scanStatus(scan func(dest ...any) error) (MessageStatus, error) {
 		r.LastError = *lastErr
 	}
 	return r, nil
+}
+
+// cancelSQL cancels through sendonce_cancel (migration 0030), which the
+// application's role may call: it returns the row's status after the call,
+// or NULL when there is no such row.
+const cancelSQL = `SELECT sendonce_cancel($1)`
+
+// Cancel takes back the message id if no provider call has started for
+// it: the message ends StatusCancelled, and no sender will call for it. It
+// returns the message's status after the call: StatusCancelled, or what
+// the message is when it is too late (StatusSending: a call is under way;
+// StatusSent and later; StatusQueued when an earlier attempt may have
+// reached the provider), unchanged. A cancel racing a sender's claim is
+// decided by the database: the message is either cancelled and never
+// called, or called and not cancelled. An id with no row returns
+// ErrNotFound. Cancelling a cancelled message returns StatusCancelled.
+func Cancel(ctx context.Context, db Querier, id uuid.UUID) (State, error) {
+	var st *string
+	if err := db.QueryRow(ctx, cancelSQL, id).Scan(&st); err != nil {
+		return "", fmt.Errorf("outbox: cancel: %w", err)
+	}
+	if st == nil {
+		return "", ErrNotFound
+	}
+	return State(*st), nil
+}
+
+// CancelSQL is Cancel for database/sql.
+func CancelSQL(ctx context.Context, db SQLQuerier, id uuid.UUID) (State, error) {
+	var st sql.NullString
+	if err := db.QueryRowContext(ctx, cancelSQL, id).Scan(&st); err != nil {
+		return "", fmt.Errorf("outbox: cancel: %w", err)
+	}
+	if !st.Valid {
+		return "", ErrNotFound
+	}
+	return State(st.String), nil
 }

@@ -286,7 +286,8 @@ func TestStateTerminal(t *testing.T) {
 	for s, want := range map[outbox.State]bool{
 		outbox.StatusPending: false, outbox.StatusQueued: false, outbox.StatusSending: false,
 		outbox.StatusSent: true, outbox.StatusDelivered: true, outbox.StatusUndelivered: true,
-		outbox.StatusDead: true, outbox.StatusUnknown: true, "": false,
+		outbox.StatusDead: true, outbox.StatusUnknown: true, outbox.StatusScheduled: false,
+		outbox.StatusExpired: true, outbox.StatusCancelled: true, outbox.StatusSuppressed: true, "": false,
 	} {
 		if got := s.Terminal(); got != want {
 			t.Errorf("%q.Terminal() = %v, want %v", s, got, want)

@@ -38,6 +38,10 @@ const (
 	StatusUndelivered = outbox.StatusUndelivered
 	StatusDead        = outbox.StatusDead
 	StatusUnknown     = outbox.StatusUnknown
+	StatusScheduled   = outbox.StatusScheduled
+	StatusExpired     = outbox.StatusExpired
+	StatusCancelled   = outbox.StatusCancelled
+	StatusSuppressed  = outbox.StatusSuppressed
 )
 
 // ErrNotFound is returned for an id that has no row; it is the public
