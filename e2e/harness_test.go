@@ -179,7 +179,10 @@ func (e *env) startSender(o senderOptions) func() {
 	// Each sender has its own connection, as separate processes would.
 	_, js := e.nats.Connect(e.t)
 	cfg := o.cfg
-	cfg.Pool, cfg.JetStream, cfg.Provider, cfg.Logger = e.pool, js, prov, e.logger()
+	cfg.Pool, cfg.JetStream, cfg.Logger = e.pool, js, e.logger()
+	if cfg.Provider == nil {
+		cfg.Provider = prov
+	}
 	cfg.RetryBase = cmpOr(cfg.RetryBase, 20*time.Millisecond)
 	cfg.RetryCap = cmpOr(cfg.RetryCap, 200*time.Millisecond)
 	var s *sender.Sender

@@ -39,8 +39,10 @@ func MsgID(id uuid.UUID, gen int32) string {
 // crash anywhere in between returns the rows to pending and the republish is
 // deduplicated by JetStream.
 func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) {
+	// A row past its expiry is left to the scheduler's sweep (ExpireDue),
+	// which ends it expired: it is never published.
 	rows, _ := tx.Query(ctx, `SELECT id, publish_gen, priority FROM sms_outbox
-		WHERE status = 'pending'
+		WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > now())
 		ORDER BY priority, created_at
 		LIMIT $1
 		FOR NO KEY UPDATE SKIP LOCKED`, limit)

@@ -35,6 +35,10 @@ const (
 	Leased
 	// NotFound: no row has this id; the message did not come from the relay.
 	NotFound
+	// Expired: the row had reached its expires_at with no attempt that may
+	// have been taken, and the claim ended it expired instead: ack and
+	// skip, no call.
+	Expired
 )
 
 // Claim is one row as a sender's claim found it.
@@ -99,6 +103,11 @@ type Claim struct {
 	// records may have lost an attempt and could not yet ask every other
 	// provider (set when claimed).
 	LookupEverywhere bool
+	// ExpiresAt is the row's expiry, zero when it has none (set when
+	// claimed): no call may start at or after it. A row claimed past it
+	// has an attempt that may have been taken (it is settled by evidence,
+	// never by a call); one without is ended Expired by the claim itself.
+	ExpiresAt time.Time
 }
 
 // Providers names the provider a claim gives a row that has none.
@@ -169,16 +178,23 @@ func ClaimForSendTo(ctx context.Context, q Querier, ids []uuid.UUID, from []Deli
 WITH cur AS (
 	SELECT o.id, o.status, o.claim_id,
 	       coalesce(o.lease_until, o.updated_at + $2::interval) AS lease_until, o.next_attempt_at,
-	       o.claim_seq, o.claim_delivery, o.handback_seq, o.handback_delivery
+	       o.claim_seq, o.claim_delivery, o.handback_seq, o.handback_delivery,
+	       -- Past its expiry with no attempt that may have been taken: the
+	       -- claim ends it expired rather than sending (I10).
+	       o.status IN ('pending', 'queued') AND o.expires_at <= clock_timestamp()
+	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS expiring
 	FROM sms_outbox o
 	WHERE o.id = ANY($1::uuid[])
 	ORDER BY o.id
 	FOR NO KEY UPDATE OF o
 ), upd AS (
 	UPDATE sms_outbox o
-	SET status = 'sending',
-	    attempt_count = CASE WHEN mine THEN o.attempt_count ELSE o.attempt_count + 1 END,
-	    claim_id = $3, lease_until = clock_timestamp() + $2::interval, updated_at = clock_timestamp(),
+	SET status = CASE WHEN expiring THEN 'expired' ELSE 'sending' END,
+	    attempt_count = CASE WHEN mine OR expiring THEN o.attempt_count ELSE o.attempt_count + 1 END,
+	    claim_id = CASE WHEN expiring THEN NULL ELSE $3 END,
+	    lease_until = CASE WHEN expiring THEN NULL ELSE clock_timestamp() + $2::interval END,
+	    last_error = CASE WHEN expiring THEN 'expired before any provider call' ELSE o.last_error END,
+	    updated_at = clock_timestamp(),
 	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
 	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(d.seq, 0) END,
 	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(d.delivery, 0) END,
@@ -195,17 +211,19 @@ WITH cur AS (
 	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
 	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)
 	WHERE o.id = cur.id
-	  AND (cur.status = 'pending'
+	  AND (cur.status = 'pending' OR expiring
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
 	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
 	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at,
-	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider, o.lookup_everywhere
+	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider, o.lookup_everywhere,
+	          o.status, o.expires_at
 )
 SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
        coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
        clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, ''),
-       coalesce(upd.lookup_everywhere, false), coalesce(cur.handback_seq, 0), coalesce(cur.handback_delivery, 0)
+       coalesce(upd.lookup_everywhere, false), coalesce(cur.handback_seq, 0), coalesce(cur.handback_delivery, 0),
+       coalesce(upd.status, ''), upd.expires_at
 FROM cur
 LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary, each)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
@@ -226,15 +244,20 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 			prevCount  int32
 			backSeq    int64
 			backCount  int32
+			newStatus  string
+			expiresAt  *time.Time
 		)
 		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
 			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount, &c.Provider, &c.LookupEverywhere,
-			&backSeq, &backCount); err != nil {
+			&backSeq, &backCount, &newStatus, &expiresAt); err != nil {
 			return c, err
 		}
 		switch {
 		case prev == nil:
 			c.Result = NotFound
+		case claimed && newStatus == string(StatusExpired):
+			c.Prev = State(*prev)
+			c.Result = Expired
 		case claimed:
 			c.Prev = State(*prev)
 			c.Result = Claimed
@@ -250,6 +273,9 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 			}
 			c.PrevDelivery = Delivery{Seq: uint64(max(prevSeq, 0)), Count: int(prevCount)}
 			c.HandedBack = Delivery{Seq: uint64(max(backSeq, 0)), Count: int(backCount)}
+			if expiresAt != nil {
+				c.ExpiresAt = *expiresAt
+			}
 		default:
 			c.Prev = State(*prev)
 			if c.Prev.Terminal() {
@@ -663,7 +689,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 	)
 	for i, r := range results {
 		switch r.Status {
-		case StatusSent, StatusDelivered, StatusUndelivered, StatusQueued, StatusDead, StatusUnknown:
+		case StatusSent, StatusDelivered, StatusUndelivered, StatusQueued, StatusDead, StatusUnknown, StatusExpired:
 		default:
 			return fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
 		}

@@ -118,6 +118,11 @@ type Client struct {
 	// request was not processed (the generic API's, docs/design.md), so a
 	// message answered 503 may go to another provider.
 	unavailableTakesNothing bool
+	// expiredCode, when not 0, is the error code with which the API
+	// refuses a message whose expiry had passed when it arrived (the
+	// generic API's CodeExpired): nothing was taken, and the message is
+	// expired rather than dead.
+	expiredCode int
 }
 
 // NotTaken reports whether an attempt certainly left the message untaken
@@ -196,7 +201,7 @@ func New(cfg Config) (*Client, error) {
 		c.auth = "Bearer " + cfg.APIKey
 	}
 	c.newRequest, c.refField = c.genericRequest, "id"
-	c.unavailableTakesNothing = true
+	c.unavailableTakesNothing, c.expiredCode = true, CodeExpired
 	if cfg.Lookup {
 		c.lookup = c.genericLookup
 	}
@@ -418,6 +423,10 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 	}
 	o := Outcome{HTTPStatus: status, Code: code, Reason: reason}
 	switch {
+	case code != 0 && code == c.expiredCode && status >= 400 && status < 500 && !mayFollowTaken(status):
+		// The provider refused the message as expired on arrival: it
+		// took nothing, and no later attempt may be made.
+		o.Kind = Expired
 	case code != 0 && slices.Contains(c.permanent, code) && !mayFollowTaken(status):
 		// A permanent code is believed only on an answer that says the
 		// provider took nothing. On one that may follow a message it took

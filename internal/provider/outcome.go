@@ -26,10 +26,11 @@ const (
 	// idempotency, so another attempt could send twice; never retried.
 	Ambiguous
 	// Expired: not sent, because the message's expiry (Message.ExpiresAt)
-	// had passed when the request would have been built. Nothing left for
-	// the provider, so it certainly does not have the message from this
-	// attempt: MaybeAccepted is false, HTTPStatus 0. Another attempt, at
-	// this provider or another, would be as late.
+	// had passed when the request would have been built (HTTPStatus 0), or
+	// when it reached a provider that refuses such a message (the generic
+	// API's 4xx with code CodeExpired). The provider certainly does not
+	// have the message from this attempt: MaybeAccepted is false. Another
+	// attempt, at this provider or another, would be as late.
 	Expired
 )
 
@@ -48,6 +49,12 @@ func (k Kind) String() string {
 	}
 	return fmt.Sprintf("kind(%d)", int(k))
 }
+
+// CodeExpired is the error code with which the generic API refuses, with a
+// 4xx, a message whose "expires_at" had passed when it arrived: it took
+// nothing (docs/design.md, the provider HTTP API). Twilio uses the same
+// number for a message that expired in its queue.
+const CodeExpired = 30036
 
 // Outcome is the classified result of one attempt. Its fields never hold a
 // phone number, a body or a credential.

@@ -14,6 +14,9 @@ type metrics struct {
 	batchRows     prometheus.Histogram
 	batchSeconds  prometheus.Histogram
 	listening     prometheus.Gauge
+	// timed counts the rows the scheduler moved: due (scheduled to
+	// pending) and expired (ended at their expiry without a call).
+	timed *prometheus.CounterVec
 }
 
 // batchBuckets returns exponential buckets from 1ms up to at least bound:
@@ -55,9 +58,15 @@ func newMetrics(reg prometheus.Registerer, batchBound time.Duration) (*metrics, 
 			Name: "sendonce_relay_listening",
 			Help: "1 while the relay's LISTEN hears notifications (it polls every RELAY_POLL_INTERVAL), 0 while it polls alone (every RELAY_POLL_ALONE).",
 		}),
+		timed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_relay_timed_rows_total",
+			Help: "Rows the relay's scheduler moved, by what: due (a scheduled row whose send_at came, made pending), expired (a row that reached its expires_at with no call that may have been taken, ended expired).",
+		}, []string{"what"}),
 	}
+	m.timed.WithLabelValues("due")
+	m.timed.WithLabelValues("expired")
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchErrors, m.batchRows, m.batchSeconds, m.listening} {
+		for _, c := range []prometheus.Collector{m.published, m.publishErrors, m.batchErrors, m.batchRows, m.batchSeconds, m.listening, m.timed} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("relay: register metrics: %w", err)
 			}

@@ -50,6 +50,7 @@ const (
 	DefaultLinger        = 20 * time.Millisecond
 	DefaultPollAlone     = 200 * time.Millisecond
 	DefaultListenProbe   = 5 * time.Second
+	DefaultTimeInterval  = 250 * time.Millisecond
 )
 
 // probeChannel carries the relay's own notification that checks that its
@@ -108,6 +109,11 @@ type Config struct {
 	AckTimeout time.Duration
 	// DBTimeout bounds each database round trip; default 10s.
 	DBTimeout time.Duration
+	// TimeInterval is how often the relay makes due scheduled rows
+	// (send_at) pending and ends rows past their expiry (expires_at) that
+	// no sender holds: a scheduled message is published at most about
+	// this long after its send time. Default 250ms.
+	TimeInterval time.Duration
 	// Logger receives the relay's logs; default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics; nil registers nothing.
@@ -125,6 +131,7 @@ func (c *Config) setDefaults() {
 	c.Linger = cmp.Or(c.Linger, DefaultLinger)
 	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
 	c.DBTimeout = cmp.Or(c.DBTimeout, outbox.DefaultDBTimeout)
+	c.TimeInterval = cmp.Or(c.TimeInterval, DefaultTimeInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -152,6 +159,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("relay: AckTimeout %s must be positive", c.AckTimeout)
 	case c.DBTimeout <= 0:
 		return fmt.Errorf("relay: DBTimeout %s must be positive", c.DBTimeout)
+	case c.TimeInterval < 10*time.Millisecond || c.TimeInterval > time.Minute:
+		return fmt.Errorf("relay: TimeInterval %s is outside 10ms..1m", c.TimeInterval)
 	}
 	return nil
 }
@@ -237,8 +246,63 @@ func (r *Relay) Run(ctx context.Context) error {
 	for range r.cfg.Workers {
 		wg.Go(func() { r.work(ctx, wake, poll.C) })
 	}
+	wg.Go(func() { r.keepTime(ctx, wake) })
 	wg.Wait()
 	return nil
+}
+
+// keepTime makes due scheduled rows pending, and wakes a batch for them,
+// and ends the rows that reached their expiry unclaimed, every
+// TimeInterval until ctx is done. A pass that moved a full batch goes on at
+// once. Errors are logged and the next tick tries again.
+func (r *Relay) keepTime(ctx context.Context, wake chan<- struct{}) {
+	t := time.NewTicker(r.cfg.TimeInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		due, full, err := r.TimePass(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if !failing {
+				r.log.WarnContext(ctx, "scheduled and expiring rows: pass failed; trying again every tick", "err", err)
+			}
+			failing = true
+		case err == nil && failing:
+			failing = false
+			r.log.InfoContext(ctx, "scheduled and expiring rows: passes work again")
+		}
+		if due > 0 {
+			// Promoted rows notify no one: a batch publishes them now.
+			signal(wake)
+		}
+		if full && ctx.Err() == nil {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// TimePass makes one pass of keepTime: it returns how many scheduled rows
+// it made pending, and whether either step moved a full batch (more may be
+// due).
+func (r *Relay) TimePass(ctx context.Context) (int64, bool, error) {
+	dbCtx, cancel := context.WithTimeout(ctx, r.cfg.DBTimeout)
+	defer cancel()
+	due, expiredScheduled, err := outbox.PromoteDue(dbCtx, r.cfg.Pool, r.cfg.BatchSize)
+	if err != nil {
+		return 0, false, err
+	}
+	r.metrics.timed.WithLabelValues("due").Add(float64(due))
+	expired, err := outbox.ExpireDue(dbCtx, r.cfg.Pool, r.cfg.BatchSize)
+	if err != nil {
+		return due, false, err
+	}
+	r.metrics.timed.WithLabelValues("expired").Add(float64(expired + expiredScheduled))
+	return due, due+expiredScheduled >= int64(r.cfg.BatchSize) || expired >= int64(r.cfg.BatchSize), nil
 }
 
 // work runs batches until ctx is done. A full batch means more rows are

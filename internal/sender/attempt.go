@@ -74,6 +74,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		lastDelivery: s.lastDelivery(h.md), canLookup: p.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
 		redelivered: unaccounted(h.md, c.PrevDelivery, c.HandedBack), everywhere: c.LookupEverywhere,
+		expired: expiredAt(c.ExpiresAt, time.Now()),
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
 	if f.looksUp() || s.failover() {
@@ -160,6 +161,23 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		}
 		cancel()
 	}
+	if v.call && expiredAt(c.ExpiresAt, time.Now()) {
+		// The expiry came while the claim looked the row up or waited for
+		// a token: no call starts at or after it.
+		f.expired = true
+		notAccepted := v.notAccepted
+		if notAccepted {
+			f.maybeAccepted = false
+			v = decideAfterNone(f)
+		} else {
+			v = decideExpired(f, pol)
+			if v.lookup {
+				// Asked already, or no time to ask now: the next claim asks.
+				v = deferLookup(f, pol)
+			}
+		}
+		v.notAccepted = notAccepted
+	}
 	if v.call && time.Until(deadline) < p.Timeout() {
 		// A slow claim or lookup left too little of the lease for the call.
 		notAccepted := v.notAccepted
@@ -194,7 +212,12 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 				out = s.call(leased, r, c)
 			}
 		}
-		s.metrics.providerSeconds.Observe(out.Latency.Seconds())
+		if out.Kind == provider.Expired {
+			// The client sent nothing: the expiry came first.
+			called = false
+		} else {
+			s.metrics.providerSeconds.Observe(out.Latency.Seconds())
+		}
 		logAt(slog.LevelDebug, "provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus,
 			"provider_code", out.Code, "latency", out.Latency.String())
 		if out.Kind == provider.Sent {
@@ -363,11 +386,15 @@ func lookupDetail(r provider.LookupResult) string {
 // move, changes nothing there).
 func (s *Sender) call(ctx context.Context, r *route, c outbox.Claim) provider.Outcome {
 	admitted := r.br.Admit()
-	out := r.Provider.Send(ctx, provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body})
-	if admitted {
+	out := r.Provider.Send(ctx, provider.Message{Key: c.ID.String(), To: c.To, Body: c.Body, ExpiresAt: c.ExpiresAt})
+	switch {
+	case out.Kind == provider.Expired && admitted:
+		// Nothing was sent: the provider's health is not in question.
+		r.br.Cancel()
+	case admitted:
 		r.br.Done(healthy(out))
 	}
-	if r.Name != "" {
+	if r.Name != "" && out.Kind != provider.Expired {
 		s.metrics.providerCalls.WithLabelValues(r.Name, out.Kind.String()).Inc()
 	}
 	return out
@@ -471,3 +498,7 @@ func (s *Sender) askElsewhere(ctx context.Context, c outbox.Claim, r *route, v v
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// expiredAt reports whether a row expiring at exp (zero: never) has
+// expired at now: no call may start at or after its expiry.
+func expiredAt(exp, now time.Time) bool { return !exp.IsZero() && !now.Before(exp) }

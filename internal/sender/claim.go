@@ -224,6 +224,11 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		case outbox.NotFound:
 			s.rejectInvalid(hold, h, c.ID, "no outbox row with this id")
 			release()
+		case outbox.Expired:
+			// The claim ended the row: its expiry came before any call.
+			s.metrics.decisions.WithLabelValues("expired").Inc()
+			h.answer(func(m jetstream.Msg) { _ = m.Ack() })
+			release()
 		}
 	}
 }

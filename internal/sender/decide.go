@@ -82,6 +82,17 @@ type facts struct {
 	// after the last attempt that may have reached the provider (a stale
 	// claim's lease, a missed write's mark) is not over yet.
 	lookupWait time.Duration
+	// expired: the row's expires_at has come. No call may start now; what
+	// an earlier attempt may have done is settled by evidence only.
+	expired bool
+}
+
+// marked reports whether the row itself says an earlier attempt may have
+// been taken (the marks the database's claim reads before it ends a row
+// expired): a stale claim, maybe_accepted, a lookup pending, a lookup
+// owed to every other provider.
+func (f facts) marked() bool {
+	return f.stale || f.maybeAccepted || f.lookupPending || f.everywhere
 }
 
 // looksUp reports whether an attempt without an answer is settled by a
@@ -220,6 +231,16 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 		v := unsent(f.maybeAccepted, wire.ReasonPermanent, o.Error())
 		v.outcome = "permanent"
 		return v
+	case provider.Expired:
+		// The client sent nothing: the expiry came before the request
+		// could leave. What an earlier attempt did is settled as for any
+		// expired row.
+		f.expired = true
+		v := decideExpired(f, p)
+		if v.lookup {
+			v = deferLookup(f, p)
+		}
+		return v
 	case provider.Ambiguous:
 		if f.looksUp() {
 			// The provider may have the message: ask it, once it has had
@@ -242,6 +263,9 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 
 // decideBefore decides whether a claimed row may be called at all.
 func decideBefore(f facts, p policy) verdict {
+	if f.expired {
+		return decideExpired(f, p)
+	}
 	switch {
 	case f.looksUp() && f.doubtful() && f.lookupWait > 0:
 		// The provider would be asked before it has had the settle time
@@ -369,10 +393,42 @@ func decideLookup(f facts, r provider.LookupResult, p policy) verdict {
 		action:  term, maybe: true, outcome: "lookup", letter: true, refund: true}
 }
 
+// decideExpired decides a row whose expiry has come: no call, ever. A row
+// that nothing marks as possibly taken ends expired (the attempt given
+// back). One an earlier attempt may have reached is settled by evidence,
+// never expired: the provider is asked where it can be (once the settle
+// time has passed), and the row ends unknown where it cannot, for a
+// receipt or a person to settle.
+func decideExpired(f facts, p policy) verdict {
+	switch {
+	case !f.marked():
+		return expiredVerdict()
+	case f.canLookup && f.lookupWait > 0:
+		return deferLookup(f, p)
+	case f.canLookup:
+		return verdict{lookup: true}
+	}
+	return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,
+		errText: "expired while an earlier attempt may have reached the provider, which cannot be asked: no call after expires_at; a receipt or a person settles it",
+		action:  term, maybe: true, outcome: "ambiguous", letter: true, refund: true}
+}
+
+// expiredVerdict ends a row that no call may have reached at its expiry:
+// expired, acked, the claim's attempt given back.
+func expiredVerdict() verdict {
+	return verdict{status: outbox.StatusExpired, errText: "expired before any provider call", action: ack, outcome: "expired", refund: true}
+}
+
 // decideAfterNone decides the call that follows a lookup that found
-// nothing: no earlier attempt reached the provider, so a row whose budget
-// is spent ends dead (nothing was sent), else the call goes ahead.
+// nothing: no earlier attempt reached the provider, so a row past its
+// expiry ends expired and one whose budget is spent ends dead (nothing was
+// sent), else the call goes ahead.
 func decideAfterNone(f facts) verdict {
+	if f.expired {
+		v := expiredVerdict()
+		v.notAccepted = true
+		return v
+	}
 	if f.attempt > f.maxAttempts {
 		v := unsent(false, wire.ReasonMaxAttempts,
 			fmt.Sprintf("attempts exhausted (%d of %d); the provider has no message for this reference", f.maxAttempts, f.maxAttempts))

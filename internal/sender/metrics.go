@@ -41,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		// attempts must not count messages finished without a call.
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_sender_decisions_total",
-			Help: "Messages finished without a provider call, by decision: ambiguous (an earlier attempt died mid-call at a provider without idempotency), max_attempts (budget spent), invalid (not a relay message).",
+			Help: "Messages finished without a provider call, by decision: ambiguous (an earlier attempt died mid-call at a provider without idempotency), max_attempts (budget spent), invalid (not a relay message), expired (its expires_at came before any call).",
 		}, []string{"decision"}),
 		heldBack: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_sender_held_back_total",
@@ -108,7 +108,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range []string{"sent", "retry", "rate_limited", "permanent", "ambiguous"} {
 		m.outcomes.WithLabelValues(o)
 	}
-	for _, d := range []string{"ambiguous", "max_attempts", "invalid"} {
+	for _, d := range []string{"ambiguous", "max_attempts", "invalid", "expired"} {
 		m.decisions.WithLabelValues(d)
 	}
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {

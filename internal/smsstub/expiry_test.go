@@ -131,8 +131,8 @@ func TestExpiredMessageIsNotTaken(t *testing.T) {
 // is taken, and the stub's record shows the very expiry the client was
 // given (expires_at, to the nanosecond). With the stub's clock ahead of the
 // client's, a message the client still sends arrives expired: the stub
-// refuses it, which the client classifies as a permanent refusal, nothing
-// taken.
+// refuses it, which the client classifies as expired: nothing taken, and
+// nothing to try again.
 func TestExpiresAtFromTheGenericClient(t *testing.T) {
 	t.Parallel()
 	ahead := func() time.Time { return time.Now().Add(time.Hour) }
@@ -154,8 +154,8 @@ func TestExpiresAtFromTheGenericClient(t *testing.T) {
 				t.Errorf("outcome %+v, record %+v; want Sent, the expiry recorded as sent", o, d)
 			}
 		case skewed:
-			if o.Kind != provider.Permanent || o.HTTPStatus != 400 || o.Code != CodeExpired || o.MaybeAccepted || d.Deliveries != 0 {
-				t.Errorf("the stub an hour ahead: outcome %+v, record %+v; want a permanent 400 %d, nothing taken", o, d, CodeExpired)
+			if o.Kind != provider.Expired || o.HTTPStatus != 400 || o.Code != CodeExpired || o.MaybeAccepted || d.Deliveries != 0 {
+				t.Errorf("the stub an hour ahead: outcome %+v, record %+v; want expired, a 400 %d, nothing taken", o, d, CodeExpired)
 			}
 		}
 	}

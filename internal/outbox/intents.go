@@ -1,0 +1,68 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+)
+
+// The relay's statements for time: scheduled rows that come due, and rows
+// that reach their expiry unclaimed (migration 0031).
+
+// PromoteDue makes up to limit scheduled rows whose send_at has come
+// pending, the earliest first, skipping rows another relay holds; a row
+// whose expiry came too (the relays were down past both) ends expired
+// instead, never called. It returns how many became pending and how many
+// expired. Reads the first entries of sms_outbox_scheduled_idx.
+func PromoteDue(ctx context.Context, q Querier, limit int) (pending, expired int64, err error) {
+	err = q.QueryRow(ctx, `
+WITH due AS (
+	SELECT id FROM sms_outbox
+	WHERE status = 'scheduled' AND send_at <= clock_timestamp()
+	ORDER BY send_at
+	LIMIT $1
+	FOR NO KEY UPDATE SKIP LOCKED
+), moved AS (
+	UPDATE sms_outbox o
+	SET status = CASE WHEN o.expires_at <= clock_timestamp() THEN 'expired' ELSE 'pending' END,
+	    last_error = CASE WHEN o.expires_at <= clock_timestamp() THEN 'expired before its send time came round (no call)'
+	                      ELSE o.last_error END,
+	    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+	FROM due
+	WHERE o.id = due.id AND o.status = 'scheduled'
+	RETURNING o.status
+)
+SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'expired') FROM moved`, limit).Scan(&pending, &expired)
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox: promote due scheduled rows: %w", err)
+	}
+	return pending, expired, nil
+}
+
+// ExpireDue ends up to limit rows that reached their expires_at while no
+// sender held them (scheduled, pending or queued) and that nothing marks
+// as possibly taken by an earlier attempt (maybe_accepted, a lookup
+// pending or owed to every provider): expired, never called. A marked row
+// is left for its next claim, which settles it by evidence. Skips rows
+// another relay or a sender holds; reads sms_outbox_expiring_idx. It
+// returns how many rows it ended.
+func ExpireDue(ctx context.Context, q Querier, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, `
+WITH due AS (
+	SELECT id FROM sms_outbox
+	WHERE expires_at IS NOT NULL AND status IN ('scheduled', 'pending', 'queued') AND expires_at <= clock_timestamp()
+	  AND NOT maybe_accepted AND NOT lookup_pending AND NOT lookup_everywhere
+	ORDER BY expires_at
+	LIMIT $1
+	FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE sms_outbox o
+SET status = 'expired', claim_id = NULL, lease_until = NULL,
+    last_error = 'expired before any provider call', updated_at = clock_timestamp()
+FROM due
+WHERE o.id = due.id AND o.status IN ('scheduled', 'pending', 'queued')
+  AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere`, limit)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: expire rows past their expiry: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
