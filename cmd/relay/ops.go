@@ -460,6 +460,12 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	if row.Provider != "" {
 		fmt.Fprintf(out, "  provider      %s\n", row.Provider)
 	}
+	if row.SendAt != nil {
+		fmt.Fprintf(out, "  send at       %s (no call before it)\n", ts(*row.SendAt))
+	}
+	if row.ExpiresAt != nil {
+		fmt.Fprintf(out, "  expires at    %s (no call at or after it)\n", ts(*row.ExpiresAt))
+	}
 	if row.MaybeAccepted {
 		fmt.Fprintln(out, "  maybe taken   yes: an attempt may have reached the provider (a lost answer, a 5xx, or a sender that died mid-call)")
 	}

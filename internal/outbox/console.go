@@ -20,8 +20,8 @@ import (
 // range of one, or the planner's statistics; none counts the whole table.
 
 // ConsoleStatuses are the statuses the console shows, in pipeline order.
-var ConsoleStatuses = []State{StatusPending, StatusQueued, StatusSending, StatusSent,
-	StatusDelivered, StatusUndelivered, StatusDead, StatusUnknown}
+var ConsoleStatuses = []State{StatusScheduled, StatusPending, StatusQueued, StatusSending, StatusSent,
+	StatusDelivered, StatusUndelivered, StatusDead, StatusUnknown, StatusExpired, StatusCancelled, StatusSuppressed}
 
 // StatusCount is the number of rows in one status.
 type StatusCount struct {
@@ -71,7 +71,7 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 		// The unfinished statuses are counted from their partial indexes up
 		// to a bound (a backlog beyond it is estimated, as the relay's
 		// gauges do); dead and unknown from theirs (migration 0011).
-		for _, st := range []State{StatusPending, StatusQueued, StatusSending} {
+		for _, st := range []State{StatusScheduled, StatusPending, StatusQueued, StatusSending} {
 			n, err := CountUpTo(ctx, q, st, backlogBound)
 			if err != nil {
 				return nil, err
@@ -98,7 +98,7 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 				freqs[v] = float64(fs[i])
 			}
 		}
-		rest := live - pending - queued - sending - dead - unknown
+		rest := live - pending - queued - sending - dead - unknown - counts[StatusScheduled]
 		var bulk []State
 		var total float64
 		for _, s := range ConsoleStatuses {
@@ -133,6 +133,9 @@ type WindowCount struct {
 	// Capped is set when the count stopped at its bound: Rows is a lower
 	// bound.
 	Capped bool
+	// Untracked is set for a status no index counts by time (scheduled
+	// rows are indexed by their send time): Rows is 0 and means nothing.
+	Untracked bool
 }
 
 // CountChanged returns, for each of ConsoleStatuses, the rows now in it
@@ -140,7 +143,7 @@ type WindowCount struct {
 // partial index (index-only where it can: the final rows' index and the
 // dead rows' carry the status) and stops at limit rows.
 func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([]WindowCount, error) {
-	var pending, queued, sending, sent, delivered, undelivered, final, dead, unknown int64
+	var pending, queued, sending, sent, delivered, undelivered, final, dead, unknown, expired, cancelled, suppressed, unsent int64
 	err := q.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' AND created_at >= $1 LIMIT $2) g),
 		(SELECT count(*) FILTER (WHERE status = 'queued') FROM
@@ -151,14 +154,22 @@ func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([
 		(SELECT count(*) FILTER (WHERE status = 'dead') FROM
 			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
 		(SELECT count(*) FILTER (WHERE status = 'unknown') FROM
-			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g)
+			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
+		u.expired, u.cancelled, u.suppressed, u.unsent
 		FROM (SELECT count(*) FILTER (WHERE status = 'sent') AS sent,
 				count(*) FILTER (WHERE status = 'delivered') AS delivered,
 				count(*) FILTER (WHERE status = 'undelivered') AS undelivered,
 				count(*) AS final
 			FROM (SELECT status FROM sms_outbox
-				WHERE status IN ('sent', 'delivered', 'undelivered', 'dead') AND updated_at >= $1 LIMIT $2) g) f`,
-		since, limit).Scan(&pending, &queued, &sending, &sent, &delivered, &undelivered, &final, &dead, &unknown)
+				WHERE status IN ('sent', 'delivered', 'undelivered', 'dead') AND updated_at >= $1 LIMIT $2) g) f,
+			(SELECT count(*) FILTER (WHERE status = 'expired') AS expired,
+				count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+				count(*) FILTER (WHERE status = 'suppressed') AS suppressed,
+				count(*) AS unsent
+			FROM (SELECT status FROM sms_outbox
+				WHERE status IN ('expired', 'cancelled', 'suppressed') AND updated_at >= $1 LIMIT $2) g) u`,
+		since, limit).Scan(&pending, &queued, &sending, &sent, &delivered, &undelivered, &final, &dead, &unknown,
+		&expired, &cancelled, &suppressed, &unsent)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: count recent rows: %w", err)
 	}
@@ -172,6 +183,10 @@ func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([
 		StatusUndelivered: {Rows: undelivered, Capped: final >= lim},
 		StatusDead:        {Rows: dead, Capped: dead+unknown >= lim},
 		StatusUnknown:     {Rows: unknown, Capped: dead+unknown >= lim},
+		StatusScheduled:   {Untracked: true},
+		StatusExpired:     {Rows: expired, Capped: unsent >= lim},
+		StatusCancelled:   {Rows: cancelled, Capped: unsent >= lim},
+		StatusSuppressed:  {Rows: suppressed, Capped: unsent >= lim},
 	}
 	out := make([]WindowCount, 0, len(ConsoleStatuses))
 	for _, s := range ConsoleStatuses {

@@ -100,15 +100,18 @@ var countSQL = map[State]string{
 	StatusPending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' LIMIT $1) AS s`,
 	StatusQueued:  `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'queued' LIMIT $1) AS s`,
 	StatusSending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'sending' LIMIT $1) AS s`,
+	// sms_outbox_scheduled_idx (migration 0030).
+	StatusScheduled: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'scheduled' LIMIT $1) AS s`,
 }
 
-// CountUpTo counts the rows with status (pending, queued or sending), but
+// CountUpTo counts the rows with status (scheduled, pending, queued or
+// sending), but
 // reads at most limit of them: its cost is bounded however large a backlog
 // grows. A result of limit means "limit or more".
 func CountUpTo(ctx context.Context, q Querier, status State, limit int) (int64, error) {
 	sql, ok := countSQL[status]
 	if !ok {
-		return 0, fmt.Errorf("outbox: count rows: status %q is not pending, queued or sending", status)
+		return 0, fmt.Errorf("outbox: count rows: status %q is not scheduled, pending, queued or sending", status)
 	}
 	var n int64
 	if err := q.QueryRow(ctx, sql, limit).Scan(&n); err != nil {
@@ -122,10 +125,10 @@ func CountUpTo(ctx context.Context, q Querier, status State, limit int) (int64, 
 // for a backlog too large to count.
 func EstimateRows(ctx context.Context, q Querier, status State) (int64, error) {
 	if _, ok := countSQL[status]; !ok {
-		return 0, fmt.Errorf("outbox: estimate rows: status %q is not pending, queued or sending", status)
+		return 0, fmt.Errorf("outbox: estimate rows: status %q is not scheduled, pending, queued or sending", status)
 	}
 	var plan string
-	// The status is one of three constants, never input.
+	// The status is one of four constants, never input.
 	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM sms_outbox WHERE status = '`+string(status)+`'`).Scan(&plan); err != nil {
 		return 0, fmt.Errorf("outbox: estimate %s rows: %w", status, err)
 	}

@@ -314,6 +314,9 @@ type Row struct {
 	// Provider is the provider the row belongs to; empty for a row no
 	// claim has named one for.
 	Provider string
+	// SendAt and ExpiresAt are the application's send time and expiry
+	// (migration 0030); nil when it set none.
+	SendAt, ExpiresAt *time.Time
 }
 
 // GetRow reads one row for a trace; its free text is made fit for an
@@ -324,9 +327,11 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	var ref, lastErr, reason *string
 	var leaseUntil *time.Time
 	const rest = `attempt_count, max_attempts, publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at,
-		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq, lookup_pending, lookups, coalesce(provider, '')`
+		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq, lookup_pending, lookups, coalesce(provider, ''),
+		send_at, expires_at`
 	dest := []any{&r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt,
-		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq, &r.LookupPending, &r.Lookups, &r.Provider}
+		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq, &r.LookupPending, &r.Lookups, &r.Provider,
+		&r.SendAt, &r.ExpiresAt}
 	err := q.QueryRow(ctx, `SELECT id, status, to_e164, char_length(body), `+rest+` FROM sms_outbox WHERE id = $1`, id).
 		Scan(append([]any{&r.ID, &r.Status, &to, &r.BodyChars}, dest...)...)
 	var pgErr *pgconn.PgError
