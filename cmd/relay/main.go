@@ -79,6 +79,7 @@ type config struct {
 	service.Settings
 	directURL     string
 	pollAlone     time.Duration
+	timeInterval  time.Duration
 	batchSize     int
 	workers       int
 	publishWindow int
@@ -99,6 +100,7 @@ func bind(s *envflag.Set, c *config) {
 	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", relay.DefaultPublishWindow, 1, 65536, "publications awaiting their PubAck at once")
 	service.BindDirectURL(s, &c.directURL)
 	s.Duration(&c.pollInterval, "poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, 10*time.Millisecond, time.Hour, "how often to look for rows without a notification, while the LISTEN works")
+	s.Duration(&c.timeInterval, "time-interval", "RELAY_TIME_INTERVAL", relay.DefaultTimeInterval, 10*time.Millisecond, time.Minute, "how often to make due scheduled rows (send_at) pending and end rows past their expiry (expires_at) that no sender holds: a scheduled message is published at most about this long after its send time")
 	s.Duration(&c.pollAlone, "poll-alone", "RELAY_POLL_ALONE", relay.DefaultPollAlone, 10*time.Millisecond, time.Hour, "how often to look for rows while no LISTEN wakes the relay (through a transaction pooler without DATABASE_DIRECT_URL, a LISTEN that hears nothing, its connection lost): a row waits about half of it")
 	s.Duration(&c.linger, "linger", "RELAY_LINGER", relay.DefaultLinger, 0, time.Second, "how long notifications gather before the batch they start (0: a batch per notification)")
 	s.Duration(&c.ackTimeout, "ack-timeout", "RELAY_ACK_TIMEOUT", relay.DefaultAckTimeout, 100*time.Millisecond, 10*time.Minute, "how long to wait for a batch's PubAcks; rows not acknowledged stay pending")
@@ -263,7 +265,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	}
 	r, err := relay.New(relay.Config{
 		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
-		PollInterval: c.pollInterval, PollAlone: c.pollAlone, Linger: lingerSetting(c.linger), AckTimeout: c.ackTimeout,
+		PollInterval: c.pollInterval, PollAlone: c.pollAlone, TimeInterval: c.timeInterval, Linger: lingerSetting(c.linger), AckTimeout: c.ackTimeout,
 		DBTimeout: c.DBTimeout, Listen: listen, NoListen: noListen, Logger: root, Registerer: reg,
 	})
 	if err != nil {
