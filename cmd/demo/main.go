@@ -197,6 +197,9 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.summary(ctx, pool, ids, counts, stubURL, wall); err != nil {
 		return err
 	}
+	if err := d.intents(ctx, pool, stubURL); err != nil {
+		return err
+	}
 	if consoleURL != "" && d.terminal() {
 		fmt.Fprintf(d.out, "console:  still serving at %s; Ctrl-C to stop\n", consoleURL)
 		<-ctx.Done()
