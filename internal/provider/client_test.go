@@ -728,9 +728,11 @@ func TestSendCutOffMidRequestMayBeTaken(t *testing.T) {
 					return
 				}
 				_, _ = io.CopyN(io.Discard, br, 64<<10)
-				time.Sleep(3 * time.Second)
+				time.Sleep(8 * time.Second)
 			})
-			c := newClient(t, s.URL, mode.idempotent, func(cfg *provider.Config) { cfg.Timeout = time.Second })
+			// Long enough for the client to encode the body and connect
+			// on a loaded machine (with -race), before the write blocks.
+			c := newClient(t, s.URL, mode.idempotent, func(cfg *provider.Config) { cfg.Timeout = 6 * time.Second })
 			// A body far larger than the socket buffers: the write blocks.
 			m := testMsg
 			m.Body = strings.Repeat("x", 32<<20)
