@@ -5,6 +5,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/outbox"
 )
 
@@ -34,5 +35,24 @@ func TestUnaccounted(t *testing.T) {
 		if got := unaccounted(tc.md, tc.prev, tc.back); got != tc.want {
 			t.Errorf("%s: unaccounted = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// The dead letters a sender holds while the dead-letter stream refuses them
+// are bounded: past the bound a letter is left to the reconciler (its row
+// keeps no stored letter) and counted, and the queue keeps its order.
+func TestLetterQueueIsBounded(t *testing.T) {
+	t.Parallel()
+	q := newLetterQueue()
+	q.max = 3
+	for i := range 5 {
+		ok := q.push(deadletter.Letter{Attempts: i})
+		if ok != (i < 3) {
+			t.Errorf("push %d: %v", i, ok)
+		}
+	}
+	ls, done := q.take()
+	if done || len(ls) != 3 || ls[0].Attempts != 0 || ls[2].Attempts != 2 || q.deferred != 2 {
+		t.Fatalf("took %+v (done %v), deferred %d; want the first 3 in order, 2 deferred", ls, done, q.deferred)
 	}
 }

@@ -10,23 +10,44 @@ import (
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
+// maxQueuedLetters bounds the dead letters a sender holds in memory while
+// the dead-letter stream refuses them (away, or full: it discards new
+// letters at its bound): a few hundred bytes each, tens of megabytes at
+// most.
+const maxQueuedLetters = 100_000
+
 // letterQueue holds the dead letters of rows whose dead or unknown status
-// is written, in order, without bound: the status writer must never wait for
-// the dead-letter stream, and a letter costs a few hundred bytes.
+// is written, in order: the status writer never waits for the dead-letter
+// stream. Past maxQueuedLetters a new letter is left to the reconciler
+// (its row shows no stored letter, letter_seq NULL, and the reconciler
+// publishes such letters), and counted.
 type letterQueue struct {
 	mu      sync.Mutex
 	pending []deadletter.Letter
 	closed  bool
 	wake    chan struct{}
+	max     int
+	// deferred counts the letters left to the reconciler.
+	deferred int
 }
 
-func newLetterQueue() *letterQueue { return &letterQueue{wake: make(chan struct{}, 1)} }
+func newLetterQueue() *letterQueue {
+	return &letterQueue{wake: make(chan struct{}, 1), max: maxQueuedLetters}
+}
 
-func (q *letterQueue) push(l deadletter.Letter) {
+// push queues l; it reports false when the queue is full and l was left to
+// the reconciler.
+func (q *letterQueue) push(l deadletter.Letter) bool {
 	q.mu.Lock()
-	q.pending = append(q.pending, l)
+	full := len(q.pending) >= q.max
+	if full {
+		q.deferred++
+	} else {
+		q.pending = append(q.pending, l)
+	}
 	q.mu.Unlock()
 	signal(q.wake)
+	return !full
 }
 
 func (q *letterQueue) close() {

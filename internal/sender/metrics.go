@@ -17,6 +17,7 @@ type metrics struct {
 	skipped         prometheus.Counter
 	leased          prometheus.Counter
 	handedBack      prometheus.Counter
+	lettersDeferred prometheus.Counter
 	overtaken       prometheus.Counter
 	dbRetries       *prometheus.CounterVec
 	dlqRetries      prometheus.Counter
@@ -77,6 +78,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_handed_back_total",
 			Help: "Deliveries handed back to JetStream unclaimed (a graceful stop, a back-off from a live claim) and recorded in their rows, so that the next delivery is not taken for a lost attempt.",
 		}),
+		lettersDeferred: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sendonce_sender_dead_letters_deferred_total",
+			Help: "Dead letters not queued in memory because the sender already held as many as it may while the dead-letter stream refused them: their rows keep no letter, and the reconciler publishes them once the stream takes letters again.",
+		}),
 		overtaken: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sendonce_sender_overtaken_writes_total",
 			Help: "Attempt outcomes not written because another attempt had taken the row over.",
@@ -129,7 +134,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	routes := providerMetrics(m)
 	if reg != nil {
-		for _, c := range append([]prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.handedBack, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows}, routes...) {
+		for _, c := range append([]prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.handedBack, m.lettersDeferred, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows}, routes...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}

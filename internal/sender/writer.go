@@ -87,7 +87,9 @@ func (s *Sender) writeLoop(hold context.Context, results <-chan result) (unwritt
 				if w.Reason != "" {
 					l.Reason = w.Reason // the row's, should the database have made dead unknown
 				}
-				s.letters.push(l)
+				if !s.letters.push(l) {
+					s.metrics.lettersDeferred.Inc()
+				}
 			}
 			switch r.action {
 			case ack:
