@@ -6,7 +6,7 @@ CMDS    := relay sender receiver smsstub demo soak bench
 .PHONY: build crash-build demo soak drill bench bench-retention console-bench bench-smoke test test-cluster docs vet clean fuzz
 
 build:
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -buildvcs=auto -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 demo: build
@@ -17,7 +17,7 @@ demo: build
 # (SOAK_ARGS="-provider lookup") goes beside them.
 CRASH_BIN := $(BIN)/crash
 crash-build:
-	$(GO) build -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub ./cmd/receiver
+	$(GO) build -buildvcs=auto -tags sendonce_crashpoints -o $(CRASH_BIN)/ ./cmd/relay ./cmd/sender ./cmd/smsstub ./cmd/receiver
 
 # soak: rows through 2 relays and 3 senders under random faults; SOAK_ROWS
 # (default 100000) or SOAK_ARGS="-rows 5000 -seed 42" to change it;

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +63,7 @@ func New(name string, getenv func(string) string, output io.Writer) *Set {
 	fs.SetOutput(output)
 	s := &Set{fs: fs, getenv: getenv, byFlag: map[string]string{}, builtin: map[string]string{}, secret: map[string]bool{},
 		secretUsage: map[string]string{}, name: name, output: output}
+	fs.Bool("version", false, "print the build (module version, VCS revision, Go version) and exit")
 	fs.Usage = func() {
 		if s.intro != "" {
 			fmt.Fprintln(output, strings.TrimRight(s.intro, "\n"))
@@ -351,6 +353,12 @@ func (s *Set) Parse(args []string) error {
 // after -h and 2 after a bad setting, which it prints to the Set's output
 // as "<name>: configuration: <error>".
 func (s *Set) Command(args []string) (exit int, stop bool) {
+	if asksVersion(args) {
+		// Before any setting is checked: what is running, even where
+		// nothing is configured yet.
+		fmt.Fprintf(s.output, "%s %s\n", s.name, Version())
+		return 0, true
+	}
 	err := s.Parse(args)
 	switch {
 	case err == nil:
@@ -360,4 +368,55 @@ func (s *Set) Command(args []string) (exit int, stop bool) {
 	}
 	fmt.Fprintf(s.output, "%s: configuration: %v\n", s.name, err)
 	return 2, true
+}
+
+// asksVersion reports whether args hold -version (or --version,
+// -version=true) before any "--".
+func asksVersion(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-version", "--version", "-version=true", "--version=true":
+			return true
+		}
+	}
+	return false
+}
+
+// Version describes the running build as the Go toolchain recorded it (go
+// version -m shows the same): the module version (a tag, a pseudo-version
+// or "(devel)" for a build from a work tree), the VCS revision and time,
+// whether the tree was modified, and the Go version.
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(build information unavailable)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, at, modified string
+	for _, st := range bi.Settings {
+		switch st.Key {
+		case "vcs.revision":
+			rev = st.Value
+		case "vcs.time":
+			at = st.Value
+		case "vcs.modified":
+			modified = st.Value
+		}
+	}
+	out := v
+	if rev != "" {
+		out += ", revision " + rev
+		if at != "" {
+			out += " (" + at + ")"
+		}
+		if modified == "true" {
+			out += ", modified"
+		}
+	}
+	return out + ", " + bi.GoVersion
 }

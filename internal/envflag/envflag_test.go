@@ -346,7 +346,7 @@ func TestSettings(t *testing.T) {
 	for _, st := range s.Settings() {
 		names = append(names, st.Flag)
 	}
-	want := "database-url nats-url mode api-key workers ratio timeout verbose down"
+	want := "database-url nats-url mode api-key workers ratio timeout verbose down version"
 	if got := strings.Join(names, " "); got != want {
 		t.Fatalf("Settings order %q, want %q", got, want)
 	}
@@ -402,6 +402,22 @@ func TestCommand(t *testing.T) {
 	}
 }
 
+// -version prints the build and stops, whatever else is set or missing:
+// what is running must be readable before anything is configured.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-version"}, {"--version"}, {"-workers", "3", "-version"}} {
+		s, _, out := setup(t, base("WORKERS", "0"))
+		code, stop := s.Command(args)
+		if !stop || code != 0 || !strings.HasPrefix(out.String(), "prog ") || !strings.Contains(out.String(), "go1.") {
+			t.Errorf("%v: exit %d, stop %v, output %q; want the build, exit 0", args, code, stop, out)
+		}
+	}
+	if v := envflag.Version(); !strings.Contains(v, "go1.") {
+		t.Errorf("Version() = %q, want the Go version in it", v)
+	}
+}
+
 func TestDurationDefaultsAsTyped(t *testing.T) {
 	t.Parallel()
 	s := envflag.New("prog", testkit.EnvMap(nil), io.Discard)
@@ -412,7 +428,9 @@ func TestDurationDefaultsAsTyped(t *testing.T) {
 	s.Duration(&d, "d", "D", 500*time.Millisecond, 0, time.Hour, "")
 	var got []string
 	for _, st := range s.Settings() {
-		got = append(got, st.Default)
+		if st.Env != "" {
+			got = append(got, st.Default)
+		}
 	}
 	if strings.Join(got, " ") != "2m 168h 1m30s 500ms" {
 		t.Fatalf("defaults %q", got)
