@@ -2,14 +2,9 @@
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM sms_outbox WHERE status IN ('scheduled', 'expired', 'cancelled', 'suppressed')) THEN
-        RAISE EXCEPTION 'sms_outbox holds scheduled, expired, cancelled or suppressed rows, which the schema before 0031 cannot hold: finish or purge them first';
+        RAISE EXCEPTION 'sms_outbox holds scheduled, expired, cancelled or suppressed rows, which the schema before 0030 cannot hold: finish or purge them first';
     END IF;
 END $$;
-DROP FUNCTION IF EXISTS sendonce_cancel(uuid);
-DROP FUNCTION IF EXISTS sendonce_enqueue_batch(uuid[], text[], text[], text[], smallint[], timestamptz[], timestamptz[]);
-DROP FUNCTION IF EXISTS sendonce_enqueue(uuid, text, text, text, smallint, timestamptz, timestamptz);
-DROP TRIGGER IF EXISTS sms_outbox_intent ON sms_outbox;
-DROP FUNCTION IF EXISTS sms_outbox_intent();
 DROP INDEX CONCURRENTLY IF EXISTS sms_outbox_unsent_idx;
 DROP INDEX CONCURRENTLY IF EXISTS sms_outbox_expiring_idx;
 DROP INDEX CONCURRENTLY IF EXISTS sms_outbox_scheduled_idx;

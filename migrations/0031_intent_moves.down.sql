@@ -1,5 +1,13 @@
 -- Back to 0028's moves and insert check, 0023's immutable intent, 0021's
--- fast path and 0026's purge.
+-- fast path and 0026's purge; the application's functions and the insert
+-- trigger of 0031 go, so that rows with a future send_at can no longer be
+-- written (0030's down refuses to run while any is there).
+DROP FUNCTION IF EXISTS sendonce_cancel(uuid);
+DROP FUNCTION IF EXISTS sendonce_enqueue_batch(uuid[], text[], text[], text[], smallint[], timestamptz[], timestamptz[]);
+DROP FUNCTION IF EXISTS sendonce_enqueue(uuid, text, text, text, smallint, timestamptz, timestamptz);
+DROP TRIGGER IF EXISTS sms_outbox_intent ON sms_outbox;
+DROP FUNCTION IF EXISTS sms_outbox_intent();
+REVOKE INSERT (idempotency_key, send_at, expires_at) ON sms_outbox FROM sendonce_app;
 
 CREATE OR REPLACE FUNCTION sms_outbox_forward_only() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -182,6 +182,15 @@ func TestEnqueueBatchWithKeys(t *testing.T) {
 	if !errors.Is(err, outbox.ErrKeyReused) {
 		t.Fatalf("a batch reusing a key for another message: %v, want ErrKeyReused", err)
 	}
+	// One id twice in a batch (another language's mistake) writes nothing
+	// and says so, rather than report the second as written.
+	dup := uuid.New()
+	_, err = app.Exec(ctx, `SELECT * FROM sendonce_enqueue_batch($1, $2, $3, $4, $5, $6, $7)`,
+		[]uuid.UUID{dup, dup}, []string{"+15551230014", "+15551230015"}, []string{"x", "y"}, []*string{nil, nil},
+		[]int16{2, 2}, []*time.Time{nil, nil}, []*time.Time{nil, nil})
+	if err == nil || !strings.Contains(err.Error(), "an id appears twice") {
+		t.Fatalf("one id twice in a batch: %v", err)
+	}
 }
 
 // A future send time makes the message scheduled; an expiry must come after

@@ -62,7 +62,9 @@ type Claim struct {
 	// Token is the claim's token (set when claimed): every write of this
 	// attempt's outcome is fenced on it.
 	Token uuid.UUID
-	// CreatedAt is the row's insert time, for commit-to-sent latency.
+	// CreatedAt is when the row became due: its insert time, or its send
+	// time for a row written with one (a scheduled row is published no
+	// sooner); its age, commit-to-sent latency and lookups count from it.
 	CreatedAt time.Time
 	// LeaseLeft is how long a live lease or a retry wait still runs (set
 	// when Leased).
@@ -107,7 +109,11 @@ type Claim struct {
 	// claimed): no call may start at or after it. A row claimed past it
 	// has an attempt that may have been taken (it is settled by evidence,
 	// never by a call); one without is ended Expired by the claim itself.
-	ExpiresAt time.Time
+	// ExpiresLeft is how long it had left by the database's clock when the
+	// claim answered: a sender whose clock differs from the database's
+	// counts from its own clock with it.
+	ExpiresAt   time.Time
+	ExpiresLeft time.Duration
 }
 
 // Providers names the provider a claim gives a row that has none.
@@ -180,9 +186,10 @@ WITH cur AS (
 	       coalesce(o.lease_until, o.updated_at + $2::interval) AS lease_until, o.next_attempt_at,
 	       o.claim_seq, o.claim_delivery, o.handback_seq, o.handback_delivery,
 	       -- Past its expiry with no attempt that may have been taken: the
-	       -- claim ends it expired rather than sending (I10).
+	       -- claim ends it expired rather than sending (I10), unless its
+	       -- delivery says a claim may be lost (below).
 	       o.status IN ('pending', 'queued') AND o.expires_at <= clock_timestamp()
-	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS expiring
+	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS expires_due
 	FROM sms_outbox o
 	WHERE o.id = ANY($1::uuid[])
 	ORDER BY o.id
@@ -196,25 +203,36 @@ WITH cur AS (
 	    last_error = CASE WHEN expiring THEN 'expired before any provider call' ELSE o.last_error END,
 	    updated_at = clock_timestamp(),
 	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
-	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(d.seq, 0) END,
-	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(d.delivery, 0) END,
+	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(cur.seq, 0) END,
+	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(cur.delivery, 0) END,
 	    -- A row attempted and naming no provider (a failover lost the
 	    -- claim that named it) belongs to the provider its attempts went
 	    -- to; one attempted before rows named a provider, to the first.
 	    provider = CASE WHEN $7 = '' THEN o.provider
 	               WHEN o.provider IS NOT NULL THEN o.provider
-	               WHEN o.attempt_count = 0 THEN coalesce(nullif(d.pref, ''), nullif($6, ''))
+	               WHEN o.attempt_count = 0 THEN coalesce(nullif(cur.pref, ''), nullif($6, ''))
 	               ELSE coalesce((SELECT a.provider FROM sms_attempts a
 	                              WHERE a.outbox_id = o.id AND a.provider IS NOT NULL
 	                                AND a.outcome NOT IN ('lookup', 'rate_limited')
 	                              ORDER BY a.id DESC LIMIT 1), $7) END
-	FROM (SELECT cur.*, cur.status = 'sending' AND cur.claim_id IS NOT DISTINCT FROM $3 AS mine FROM cur) cur
-	     JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)
+	FROM (SELECT c.*, c.status = 'sending' AND c.claim_id IS NOT DISTINCT FROM $3 AS mine, d.seq, d.delivery, d.pref,
+	             -- A redelivery whose previous delivery the row does not
+	             -- account for (its claim or its hand-back) may follow a
+	             -- claim a failover lost with its call: expiry never
+	             -- overrides that doubt either, the sender settles it.
+	             c.expires_due AND NOT (d.delivery > 1
+	                 AND NOT (c.claim_seq IS NOT DISTINCT FROM d.seq AND c.claim_delivery IN (d.delivery - 1, d.delivery))
+	                 AND NOT (c.handback_seq IS NOT DISTINCT FROM d.seq AND c.handback_delivery = d.delivery - 1)) AS expiring
+	      FROM cur c JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)) cur
 	WHERE o.id = cur.id
 	  AND (cur.status = 'pending' OR expiring
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
 	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
-	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen, o.created_at,
+	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen,
+	          -- A scheduled row was published no sooner than its send time:
+	          -- its age, for the broker's memory and the lookups, counts
+	          -- from there.
+	          greatest(o.created_at, o.send_at) AS created_at,
 	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider, o.lookup_everywhere,
 	          o.status, o.expires_at
 )
@@ -274,7 +292,7 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 			c.PrevDelivery = Delivery{Seq: uint64(max(prevSeq, 0)), Count: int(prevCount)}
 			c.HandedBack = Delivery{Seq: uint64(max(backSeq, 0)), Count: int(backCount)}
 			if expiresAt != nil {
-				c.ExpiresAt = *expiresAt
+				c.ExpiresAt, c.ExpiresLeft = *expiresAt, expiresAt.Sub(now)
 			}
 		default:
 			c.Prev = State(*prev)
@@ -719,21 +737,31 @@ SET -- dead is a promise that nothing reached the provider: a row an attempt
     -- (the table refuses dead with maybe_accepted).
     -- A lookup that found no message for the reference (notacc) clears the
     -- mark: no earlier attempt reached the provider.
-    status = CASE WHEN v.status = 'dead' AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe) THEN 'unknown' ELSE v.status END,
+    -- expired likewise promises that no call was taken, at the expiry by
+    -- the database's clock: a row not yet due by it (a sender whose clock
+    -- runs ahead) or marked meanwhile waits, parked, for the claim after
+    -- its expiry, which settles it (the table refuses the move).
+    status = CASE WHEN v.status = 'dead' AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe) THEN 'unknown'
+                  WHEN (v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) THEN 'queued'
+                  ELSE v.status END,
     provider_ref = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(nullif(v.ref, ''), o.provider_ref)
                         ELSE o.provider_ref END,
     last_error = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN NULL ELSE v.err END,
     end_reason = CASE WHEN v.status = 'dead' AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe) THEN 'ambiguous'
                       WHEN v.status IN ('dead', 'unknown') THEN v.reason END,
     next_attempt_at = CASE WHEN v.status = 'queued'
-                           THEN clock_timestamp() + v.delay * interval '1 second' ELSE o.next_attempt_at END,
-    stream_seq = CASE WHEN v.status = 'queued' AND v.park THEN NULL ELSE o.stream_seq END,
+                           THEN clock_timestamp() + v.delay * interval '1 second'
+                           WHEN (v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe))
+                           THEN greatest(coalesce(o.expires_at, clock_timestamp()), clock_timestamp())
+                           ELSE o.next_attempt_at END,
+    stream_seq = CASE WHEN (v.status = 'queued' AND v.park) OR (v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) THEN NULL ELSE o.stream_seq END,
     maybe_accepted = (o.maybe_accepted AND NOT v.notacc) OR v.maybe,
     -- A refund gives the claim's attempt back: the provider took nothing
     -- (429), or the claim only looked the message up.
     attempt_count = CASE WHEN v.refund AND o.status = 'sending'
                          THEN greatest(o.attempt_count - 1, 0) ELSE o.attempt_count END,
-    lookup_pending = v.status = 'queued' AND v.lookup,
+    lookup_pending = (v.status = 'queued' AND v.lookup)
+                     OR ((v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe)),
     lookups = CASE WHEN o.status = 'sending' THEN o.lookups + v.failed ELSE o.lookups END,
     sent_at = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(o.sent_at, clock_timestamp())
                    ELSE o.sent_at END,
@@ -749,8 +777,11 @@ WHERE o.id = v.id
            -- written over any unfinished status, over unknown, and (an
            -- answer that a row's dead contradicts) over dead; a delivery
            -- report over sent; never over delivered or undelivered.
-           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead')
-           WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent')
+           -- (Over expired and cancelled too: a failover can lose the
+           -- writes that showed an attempt, and the row then ended as if
+           -- none had been made.)
+           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled')
+           WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent', 'expired', 'cancelled')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
 		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc, provs, everyw)
@@ -814,7 +845,7 @@ UPDATE sms_outbox o
 SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref), last_error = NULL, end_reason = NULL,
     lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead')
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled')
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
 	applySendsNamedSQL = `
 WITH locked AS (
@@ -825,7 +856,7 @@ SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref),
     lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp(),
     provider = coalesce(nullif(v.prov, ''), o.provider)
 FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, ref, prov) JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead')
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled')
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
 )
 
