@@ -37,20 +37,23 @@ func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64,
 // the table or the backlog. Each is its own statement so that one slow or
 // failing query does not cost the others their value.
 const (
-	// oldestPendingSQL reads the first entry of each priority (the check
+	// oldestPendingSQL reads the first entries of each priority (the check
 	// on the column allows 1 to 3) in the pending index, which is ordered
 	// by priority first: a plain min(created_at) over the pending rows
 	// reads every one of them (40 ms on 50,000 pending rows, every
-	// measurement, as the backlog it measures grows).
-	oldestPendingSQL = `SELECT extract(epoch FROM now() - min(oldest.created_at))
+	// measurement, as the backlog it measures grows). A row written with a
+	// send time waits from then, not from its insert: of the first 100 of
+	// each lane, the one that has waited longest.
+	oldestPendingSQL = `SELECT extract(epoch FROM now() - min(greatest(oldest.created_at, oldest.send_at)))
 		FROM generate_series(1, 3) AS lane(priority)
-		CROSS JOIN LATERAL (SELECT created_at FROM sms_outbox
+		CROSS JOIN LATERAL (SELECT created_at, send_at FROM sms_outbox
 			WHERE status = 'pending' AND priority = lane.priority
-			ORDER BY created_at LIMIT 1) AS oldest`
+			ORDER BY created_at LIMIT 100) AS oldest`
 	oldestInFlightSQL = `SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('queued', 'sending')`
 	oldestFinishedSQL = `SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('sent', 'delivered', 'undelivered', 'dead')`
-	oldestUrgentSQL   = `SELECT extract(epoch FROM now() - min(created_at)) FROM sms_outbox
-		WHERE priority = 1 AND status IN ('pending', 'queued', 'sending')`
+	oldestUrgentSQL   = `SELECT extract(epoch FROM now() - min(greatest(u.created_at, u.send_at))) FROM
+		(SELECT created_at, send_at FROM sms_outbox WHERE priority = 1 AND status IN ('pending', 'queued', 'sending')
+		 ORDER BY created_at LIMIT 100) u`
 )
 
 // OldestPendingAge returns the age of the oldest pending row (0 when none):

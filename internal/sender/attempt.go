@@ -80,7 +80,9 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	if f.looksUp() || s.failover() {
 		f.beyondDedup = c.Attempt == 1 && c.Gen == 0 && s.horizon.beyond(c.Age, c.CreatedAt)
 	}
-	if f.looksUp() {
+	if f.canLookup {
+		// (An expired row is looked up at a provider that honours keys
+		// too: it may not be called again.)
 		f.lookupWait = lookupWait(c, pol.settle)
 		f.pastRetention = s.cfg.LookupRetention > 0 && c.Age > s.cfg.LookupRetention
 	}

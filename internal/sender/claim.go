@@ -250,6 +250,15 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Deli
 		claims, err := outbox.ClaimForSendTo(dbCtx, s.cfg.Pool, ids, from, s.cfg.Lease, token, provs)
 		cancel()
 		if err == nil {
+			// Each expiry by this sender's clock: no later than the
+			// database's, whatever the two clocks say (counted from
+			// before the claim was sent, as the lease is).
+			sent := deadline.Add(-s.cfg.Lease)
+			for i := range claims {
+				if !claims[i].ExpiresAt.IsZero() {
+					claims[i].ExpiresAt = sent.Add(claims[i].ExpiresLeft)
+				}
+			}
 			s.health.claimed()
 			if failures > 0 {
 				s.log.Info("claim answered after failures; the messages were held meanwhile", "failures", failures, "messages", len(ids))
@@ -335,12 +344,8 @@ func (s *Sender) handBack(ctx context.Context, hs []held, delays []time.Duration
 		if delays != nil {
 			d = delays[i]
 		}
-		h.answer(func(m jetstream.Msg) {
-			if d > 0 {
-				s.backOff(m, h.md, d)
-				return
-			}
-			_ = m.Nak()
-		})
+		// On its last delivery a message is acked instead (backOff): a Nak
+		// would not bring it back, and the reconciler republishes the row.
+		h.answer(func(m jetstream.Msg) { s.backOff(m, h.md, d) })
 	}
 }

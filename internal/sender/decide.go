@@ -87,12 +87,13 @@ type facts struct {
 	expired bool
 }
 
-// marked reports whether the row itself says an earlier attempt may have
-// been taken (the marks the database's claim reads before it ends a row
-// expired): a stale claim, maybe_accepted, a lookup pending, a lookup
-// owed to every other provider.
+// marked reports whether an earlier attempt may have been taken, by what
+// the database's claim reads before it ends a row expired: a stale claim,
+// maybe_accepted, a lookup pending, a lookup owed to every other
+// provider, a redelivery whose previous delivery the row does not account
+// for.
 func (f facts) marked() bool {
-	return f.stale || f.maybeAccepted || f.lookupPending || f.everywhere
+	return f.stale || f.maybeAccepted || f.lookupPending || f.everywhere || f.redelivered
 }
 
 // looksUp reports whether an attempt without an answer is settled by a
@@ -403,9 +404,16 @@ func decideExpired(f facts, p policy) verdict {
 	switch {
 	case !f.marked():
 		return expiredVerdict()
-	case f.canLookup && f.lookupWait > 0:
+	case f.canLookup && !f.pastRetention && !f.lookupPending:
+		// The provider has the settle time to show an attempt it took
+		// before it is asked: the last one may have been just now (a
+		// retry under the key at a provider that honours it is due within
+		// a second).
+		f.lookupWait = max(f.lookupWait, p.settle)
 		return deferLookup(f, p)
-	case f.canLookup:
+	case f.canLookup && !f.pastRetention && f.lookupWait > 0:
+		return deferLookup(f, p)
+	case f.canLookup && !f.pastRetention:
 		return verdict{lookup: true}
 	}
 	return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,

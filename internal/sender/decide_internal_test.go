@@ -184,3 +184,50 @@ func TestDecideLookup(t *testing.T) {
 		t.Errorf("decideAfterNone = %+v, want a call", v)
 	}
 }
+
+// An expired row is never called: one nothing marks as possibly taken ends
+// expired; one an earlier attempt may have reached is looked up once the
+// provider has had the settle time to show it (idempotent or not), or ends
+// unknown where it cannot be asked, or where a lookup proves nothing (past
+// the provider's retention); a lookup that finds nothing ends it expired.
+func TestDecideExpired(t *testing.T) {
+	t.Parallel()
+	p := policy{backoff: 700 * time.Millisecond, maxNakDelay: 30 * time.Second, settle: 10 * time.Second}
+	exp := facts{idempotent: true, attempt: 2, maxAttempts: 8, expired: true}
+	with := func(f facts, edit func(*facts)) facts { edit(&f); return f }
+	expired := verdict{status: outbox.StatusExpired, action: ack, outcome: "expired", refund: true}
+	unknown := verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "ambiguous", letter: true, refund: true}
+	settleWait := verdict{status: outbox.StatusQueued, action: nak, delay: 10 * time.Second, maybe: true, lookupPending: true, refund: true, heldBack: "lookup_wait"}
+	for _, tt := range []struct {
+		name string
+		f    facts
+		o    *provider.Outcome
+		want verdict
+	}{
+		{"unmarked: expired, no call", exp, nil, expired},
+		{"unmarked at a provider that cannot be asked: expired", with(exp, func(f *facts) { f.idempotent = false }), nil, expired},
+		{"maybe taken, can be asked: waits the settle time first", with(exp, func(f *facts) { f.maybeAccepted, f.canLookup = true, true }), nil, settleWait},
+		{"maybe taken, its lookup due: asks", with(exp, func(f *facts) { f.maybeAccepted, f.canLookup, f.lookupPending = true, true, true }), nil,
+			verdict{lookup: true}},
+		{"maybe taken, its lookup not due yet: waits", with(exp, func(f *facts) {
+			f.maybeAccepted, f.canLookup, f.lookupPending, f.lookupWait = true, true, true, 3*time.Second
+		}), nil, verdict{status: outbox.StatusQueued, action: nak, delay: 3 * time.Second, maybe: true, lookupPending: true, refund: true, heldBack: "lookup_wait"}},
+		{"maybe taken, cannot be asked: unknown", with(exp, func(f *facts) { f.maybeAccepted = true }), nil, unknown},
+		{"maybe taken, past the lookups' retention: unknown", with(exp, func(f *facts) { f.maybeAccepted, f.canLookup, f.pastRetention = true, true, true }), nil, unknown},
+		{"a stale claim is a mark", with(exp, func(f *facts) { f.stale = true }), nil, unknown},
+		{"an unaccounted redelivery is a mark", with(exp, func(f *facts) { f.redelivered = true }), nil, unknown},
+		{"the client sent nothing: expired", with(exp, func(f *facts) { f.expired = false }), &provider.Outcome{Kind: provider.Expired, Reason: "expired"}, expired},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := decide(tt.f, tt.o, p)
+			got.errText = ""
+			if got != tt.want {
+				t.Fatalf("decide = %+v\nwant     %+v", got, tt.want)
+			}
+		})
+	}
+	f := with(exp, func(f *facts) { f.maybeAccepted = false })
+	if got := decideAfterNone(f); got.status != outbox.StatusExpired || !got.notAccepted || got.call {
+		t.Errorf("after a lookup found nothing: %+v; want expired, not called", got)
+	}
+}
