@@ -138,4 +138,3 @@ func TestLoginsCannotSkipTime(t *testing.T) {
 		}
 	}
 }
-
