@@ -13,6 +13,10 @@ func (s *Server) handleDeliveries(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, mustJSON(s.Deliveries()))
 }
 
+func (s *Server) handleTaken(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, mustJSON(s.Taken()))
+}
+
 func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, mustJSON(s.Stats()))
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // The helpers below drive a stub's admin API over HTTP, for tests and the
@@ -20,6 +21,16 @@ import (
 func FetchDeliveries(ctx context.Context, baseURL string) (map[string]Delivery, error) {
 	var out map[string]Delivery
 	if err := adminCall(ctx, http.MethodGet, baseURL, "/admin/deliveries", nil, http.StatusOK, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FetchTaken returns when the request of each key's last delivery arrived
+// (GET /admin/taken; Server.Taken).
+func FetchTaken(ctx context.Context, baseURL string) (map[string]time.Time, error) {
+	var out map[string]time.Time
+	if err := adminCall(ctx, http.MethodGet, baseURL, "/admin/taken", nil, http.StatusOK, &out); err != nil {
 		return nil, err
 	}
 	return out, nil

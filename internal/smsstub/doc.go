@@ -17,7 +17,8 @@
 // "expires_at", the message's expiry as an RFC 3339 date-time
 // ("2030-01-02T03:04:05.678Z"); the stub records the expiry of each
 // delivery (Delivery.ExpiresAt, in /admin/deliveries) so that tests can
-// see it arrived.
+// see it arrived, and when each delivery's request arrived (Server.Taken,
+// /admin/taken) so that they can see no message was sent before its time.
 //
 // A new message is answered 201 with
 //
@@ -128,6 +129,7 @@
 // The admin endpoints are unauthenticated; bind the stub to loopback.
 //
 //	GET  /admin/deliveries  {"<key>":{"to":"+1555…","deliveries":1,"requests":2,"provider_id":"msg_…","expires_at":"…"}}
+//	GET  /admin/taken       {"<key>":"2030-01-02T03:04:05.678901234Z"}: when the request of the key's last delivery arrived
 //	GET  /admin/stats       {"requests":N,"deliveries":N,"replays":N,"conflicts":N,"mismatches":N,"failures":N,"rate_limited":N,"withheld":N,"expired":N,"keys":N}
 //	POST /admin/reset       clears deliveries, stored responses and counters (204); faults are kept
 //	GET  /admin/faults      the faults in force, as a Faults JSON object

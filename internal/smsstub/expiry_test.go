@@ -89,12 +89,18 @@ func TestExpiredMessageIsNotTaken(t *testing.T) {
 	if d := s.Deliveries()["k1"]; d.Deliveries != 0 || d.Requests != 3 || !d.ExpiresAt.IsZero() {
 		t.Fatalf("record of the refused key: %+v", d)
 	}
+	if at, ok := s.Taken()["k1"]; ok {
+		t.Fatalf("refused key taken at %s", at)
+	}
 
 	// The same key, a nanosecond left: taken, the expiry recorded.
 	body := msgExpiring(testTo, testText, stamp(time.Nanosecond))
 	id := providerID(t, s.send(t, "k1", body))
 	if d := s.Deliveries()["k1"]; d.Deliveries != 1 || !d.ExpiresAt.Equal(now.Add(time.Nanosecond)) || d.ProviderID != id {
 		t.Fatalf("record %+v, want one delivery with its expiry", d)
+	}
+	if at := s.Taken()["k1"]; !at.Equal(now) {
+		t.Fatalf("taken at %s, want %s", at, now)
 	}
 	// Its retry once the expiry has passed: the replay.
 	clock.Advance(time.Minute)

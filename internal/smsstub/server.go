@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	mrand "math/rand/v2"
 	"mime"
 	"net/http"
@@ -159,7 +160,11 @@ type Server struct {
 	expiry     []expiryItem
 	expiryHead int
 	records    map[string]*Delivery
-	stats      Stats
+	// takenAt is when the request that made each key's last delivery
+	// arrived (Taken); apart from records, whose JSON and values are
+	// compared whole by their users.
+	takenAt map[string]time.Time
+	stats   Stats
 	// receipts is the receipts configuration; byRef the messages accepted
 	// per reference, for lookups.
 	receipts Receipts
@@ -260,6 +265,7 @@ func New(cfg Config) (*Server, error) {
 		rng:            mrand.New(src),
 		entries:        make(map[string]*entry),
 		records:        make(map[string]*Delivery),
+		takenAt:        make(map[string]time.Time),
 		receipts:       receipts,
 		byRef:          make(map[string][]*message),
 		twilio:         tw,
@@ -278,6 +284,7 @@ func New(cfg Config) (*Server, error) {
 		mux.HandleFunc("GET "+twilioPath, s.handleTwilioList)
 	}
 	mux.HandleFunc("GET /admin/deliveries", s.handleDeliveries)
+	mux.HandleFunc("GET /admin/taken", s.handleTaken)
 	mux.HandleFunc("GET /admin/stats", s.handleStats)
 	mux.HandleFunc("POST /admin/reset", s.handleReset)
 	mux.HandleFunc("GET /admin/faults", s.handleGetFaults)
@@ -347,6 +354,17 @@ func (s *Server) Deliveries() map[string]Delivery {
 	return out
 }
 
+// Taken returns, by idempotency key, when the request that made the key's
+// last delivery arrived, by the stub's clock (Config.Now) and before any
+// Latency: the time of the provider call, which a test of send times
+// compares with each message's send time. Keys without a delivery are
+// absent.
+func (s *Server) Taken() map[string]time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.takenAt)
+}
+
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
@@ -366,6 +384,7 @@ func (s *Server) Reset() {
 	s.expiry = nil
 	s.expiryHead = 0
 	s.records = make(map[string]*Delivery)
+	s.takenAt = make(map[string]time.Time)
 	s.byRef = make(map[string][]*message)
 	s.twilioMsgs = nil
 	s.stats = Stats{}
@@ -650,6 +669,7 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 		rec.To = msg.To
 		rec.ProviderID = id
 		rec.ExpiresAt = msg.expires
+		s.takenAt[key] = now
 		rec.ValidityPeriod = msg.ValidityPeriod
 		s.stats.Deliveries++
 		if withhold {

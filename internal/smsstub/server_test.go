@@ -214,11 +214,17 @@ func TestRetentionExpiry(t *testing.T) {
 	clock := newFakeClock()
 	s := newStub(t, Config{Retention: time.Minute, Now: clock.Now})
 	body := msg(testTo, testText)
+	start := clock.Now()
 
 	id1 := providerID(t, s.send(t, "k1", body))
 	clock.Advance(time.Minute - time.Nanosecond)
 	if r := s.send(t, "k1", body); !r.replayed() || providerID(t, r) != id1 {
 		t.Fatalf("within retention: replayed=%v %s, want replay of %s", r.replayed(), r.body, id1)
+	}
+	// A replay makes no call: the delivery was taken when its request
+	// arrived.
+	if got := s.Taken()["k1"]; !got.Equal(start) {
+		t.Errorf("after a replay: taken at %s, want %s", got, start)
 	}
 	clock.Advance(time.Nanosecond)
 	r := s.send(t, "k1", body)
@@ -238,6 +244,9 @@ func TestRetentionExpiry(t *testing.T) {
 	}
 	if got := s.Stats(); got.Keys != 1 || got.Deliveries != 2 || got.Replays != 2 {
 		t.Errorf("Stats() = %+v, want 1 key, 2 deliveries, 2 replays", got)
+	}
+	if got, want := s.Taken()["k1"], start.Add(time.Minute); !got.Equal(want) {
+		t.Errorf("second delivery taken at %s, want %s", got, want)
 	}
 }
 
@@ -646,7 +655,9 @@ func TestAdminEndpoints(t *testing.T) {
 	s := newStub(t, Config{})
 	ctx := context.Background()
 	body := msg(testTo, testText)
+	before := time.Now()
 	id := providerID(t, s.send(t, "k1", body))
+	after := time.Now()
 	s.send(t, "k1", body)
 
 	deliveries, err := FetchDeliveries(ctx, s.url)
@@ -667,6 +678,13 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	if got := keysOf(fields["k1"]); got != "deliveries,provider_id,requests,to" {
 		t.Errorf("delivery fields %s", got)
+	}
+	taken, err := FetchTaken(ctx, s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at, ok := taken["k1"]; len(taken) != 1 || !ok || at.Before(before) || at.After(after) {
+		t.Errorf("FetchTaken = %v, want k1 alone, taken between %s and %s", taken, before, after)
 	}
 
 	stats, err := FetchStats(ctx, s.url)
@@ -692,6 +710,9 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	if got := s.Deliveries(); len(got) != 0 {
 		t.Errorf("after reset: Deliveries() = %+v", got)
+	}
+	if got := s.Taken(); len(got) != 0 {
+		t.Errorf("after reset: Taken() = %v", got)
 	}
 	if r := s.send(t, "k1", body); r.replayed() {
 		t.Error("after reset: response replayed, want a new delivery")
