@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -133,6 +134,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 		errs = append(errs, b.throughput(ctx, rep)...)
 	}
+	if c.selected["schedule"] {
+		errs = append(errs, b.schedule(ctx, rep)...)
+	}
 	steps := []step{
 		{"latency", b.latency},
 		{"scaleout", b.scaleOut},
@@ -263,10 +267,14 @@ type env struct {
 	nc      *nats.Conn
 	nats    *child
 	stub    *child
-	// stubArgs and senderEnv are a scenario's extra stub flags and sender
-	// settings.
+	// stubArgs, senderEnv and relayEnv are a scenario's extra stub flags
+	// and sender and relay settings.
 	stubArgs  []string
 	senderEnv []string
+	relayEnv  []string
+	// dbURL is the DATABASE_URL of the relay, senders and receiver; empty
+	// means the bench's own (-database-url).
+	dbURL string
 }
 
 // newEnv empties the outbox, starts a fresh NATS server (or clears the
@@ -338,14 +346,14 @@ func (e *env) close() {
 }
 
 func (e *env) processEnv() []string {
-	return []string{"DATABASE_URL=" + e.b.cfg.databaseURL, "NATS_URL=" + e.natsURL,
+	return []string{"DATABASE_URL=" + cmp.Or(e.dbURL, e.b.cfg.databaseURL), "NATS_URL=" + e.natsURL,
 		"HTTP_ADDR=127.0.0.1:0", "LOG_FORMAT=json", "LOG_LEVEL=info"}
 }
 
 // startRelay starts a relay and waits until it has connected and created
 // the streams; it returns the time of its start-up record.
 func (e *env) startRelay(ctx context.Context) (time.Time, error) {
-	p, err := e.b.start(e.name+"-relay", "relay", filepath.Join(e.b.cfg.binDir, "relay"), nil, e.processEnv(), "relay started")
+	p, err := e.b.start(e.name+"-relay", "relay", filepath.Join(e.b.cfg.binDir, "relay"), nil, append(e.processEnv(), e.relayEnv...), "relay started")
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -358,7 +366,7 @@ const receiverAnnounce = "receiver listening on "
 // startReceiver starts a receiver of the stub's receipts and returns its
 // base URL.
 func (e *env) startReceiver(ctx context.Context) (string, error) {
-	env := []string{"DATABASE_URL=" + e.b.cfg.databaseURL, "RECEIPTS_ADDR=127.0.0.1:0", "HTTP_ADDR=127.0.0.1:0",
+	env := []string{"DATABASE_URL=" + cmp.Or(e.dbURL, e.b.cfg.databaseURL), "RECEIPTS_ADDR=127.0.0.1:0", "HTTP_ADDR=127.0.0.1:0",
 		"SMS_WEBHOOK_SECRET=" + e.b.receiptSecret, "LOG_FORMAT=json", "LOG_LEVEL=info"}
 	p, err := e.b.start(e.name+"-receiver", "receiver", filepath.Join(e.b.cfg.binDir, "receiver"), nil, env, "")
 	if err != nil {
@@ -464,6 +472,11 @@ func (b *bench) copyRows(ctx context.Context, n int, status string) error {
 
 // copyRowsWith is copyRows with the rows' priority.
 func (b *bench) copyRowsWith(ctx context.Context, n int, status string, p outbox.Priority) error {
+	return b.copyRowsIn(ctx, b.pool, n, status, p)
+}
+
+// copyRowsIn is copyRowsWith into the outbox pool's search_path finds.
+func (b *bench) copyRowsIn(ctx context.Context, pool *pgxpool.Pool, n int, status string, p outbox.Priority) error {
 	i := 0
 	src := pgx.CopyFromFunc(func() ([]any, error) {
 		if i == n {
@@ -473,13 +486,13 @@ func (b *bench) copyRowsWith(ctx context.Context, n int, status string, p outbox
 		return []any{uuid.New(), fmt.Sprintf("+1555%07d", i%10_000_000),
 			fmt.Sprintf("Your sendonce bench code is %06d. It expires in 10 minutes.", i%1_000_000), status, int16(p)}, nil
 	})
-	if _, err := b.pool.CopyFrom(ctx, pgx.Identifier{"sms_outbox"}, []string{"id", "to_e164", "body", "status", "priority"}, src); err != nil {
+	if _, err := pool.CopyFrom(ctx, pgx.Identifier{"sms_outbox"}, []string{"id", "to_e164", "body", "status", "priority"}, src); err != nil {
 		return fmt.Errorf("copy %d rows: %w", n, err)
 	}
-	if _, err := b.pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {
+	if _, err := pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {
 		return fmt.Errorf("analyze: %w", err)
 	}
-	if _, err := b.pool.Exec(ctx, `CHECKPOINT`); err != nil {
+	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return nil

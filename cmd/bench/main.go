@@ -18,6 +18,15 @@
 //	          without and with receipts (one UPDATE by id a receipt):
 //	          msg/s and the ratios, and Postgres's CPU, WAL bytes and
 //	          commits per message against the bare pipeline's
+//	schedule  the pipeline's backlog drained beside -scheduled-rows
+//	          (1,000,000) rows scheduled for tomorrow (loaded once, in a
+//	          second copy of the product's tables in the bench database)
+//	          and without them, interleaved: msg/s
+//	          both ways and their ratio, Postgres's work per message, and
+//	          that no scheduled row was claimed, published or changed;
+//	          then rows that come due while writers commit at -rate
+//	          beside them: send_at to the provider's call p50/p95/p99/max
+//	          and the calls made early
 //	latency   committed single-row inserts at a fixed rate (outbox.Enqueue,
 //	          8 writers): commit->queued and commit->sent p50/p95/p99
 //	scaleout  a queued backlog sent by 1 sender, then by 4, against the stub
@@ -67,7 +76,7 @@ import (
 func main() { proc.Main(run) }
 
 // scenarioNames lists the scenarios in the order they run.
-var scenarioNames = []string{"relay", "pipeline", "latency", "scaleout", "priority", "ratelimit", "memory"}
+var scenarioNames = []string{"relay", "pipeline", "schedule", "latency", "scaleout", "priority", "ratelimit", "memory"}
 
 type config struct {
 	databaseURL  string
@@ -95,6 +104,11 @@ type config struct {
 	bulkRows     int
 	urgentRows   int
 	limitWindow  time.Duration
+	// The schedule scenario's rows scheduled for tomorrow, and its rows
+	// that come due over dueSpread.
+	scheduledRows int
+	dueRows       int
+	dueSpread     time.Duration
 
 	selected map[string]bool
 }
@@ -150,14 +164,14 @@ func bind(s *envflag.Set, c *config) {
 	s.Bool(&c.quick, "quick", "BENCH_QUICK", false, "a small version of every scenario (for CI): sizes and durations divided by about 10 unless set explicitly")
 	s.Bool(&c.strict, "strict", "BENCH_STRICT", false, "exit 1 when a figure misses its target")
 	s.Bool(&c.keepLogs, "keep-logs", "BENCH_KEEP_LOGS", false, "keep the processes' log directory")
-	s.Int(&c.runs, "runs", "BENCH_RUNS", 3, 1, 99, "relay and pipeline: interleaved runs of every side (bare relay, relay, bare pipeline, pipeline, bare pipeline with receipts, pipeline with receipts); each figure is the median of its runs")
+	s.Int(&c.runs, "runs", "BENCH_RUNS", 3, 1, 99, "relay, pipeline and schedule: interleaved runs of every side (bare relay, relay, bare pipeline, pipeline, bare pipeline with receipts, pipeline with receipts; schedule: without, then beside the scheduled rows); each figure is the median of its runs")
 	s.Int(&c.relayRows, "rows", "BENCH_ROWS", 50_000, 1, 10_000_000, "relay: pending rows to drain")
 	s.Int(&c.relays, "relays", "BENCH_RELAYS", 1, 1, 16, "relay: relay processes sharing the backlog")
-	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline: pending rows to send")
-	s.Int(&c.senders, "senders", "BENCH_SENDERS", 2, 1, 32, "pipeline and latency: sender processes")
+	s.Int(&c.pipeRows, "pipeline-rows", "BENCH_PIPELINE_ROWS", 20_000, 1, 10_000_000, "pipeline and schedule: pending rows to send")
+	s.Int(&c.senders, "senders", "BENCH_SENDERS", 2, 1, 32, "pipeline, schedule and latency: sender processes")
 	s.Int(&c.concurrency, "concurrency", "SENDER_CONCURRENCY", 32, 1, 10000, "provider calls in flight per sender")
-	s.Int(&c.rate, "rate", "BENCH_RATE", 1000, 1, 100_000, "latency: committed inserts per second")
-	s.Int(&c.writers, "writers", "BENCH_WRITERS", 8, 1, 256, "latency: writer goroutines, one single-row transaction at a time each")
+	s.Int(&c.rate, "rate", "BENCH_RATE", 1000, 1, 100_000, "latency and schedule (while rows come due): committed inserts per second")
+	s.Int(&c.writers, "writers", "BENCH_WRITERS", 8, 1, 256, "latency and schedule: writer goroutines, one single-row transaction at a time each")
 	s.Duration(&c.duration, "duration", "BENCH_DURATION", 15*time.Second, 100*time.Millisecond, time.Hour, "latency: how long to write")
 	s.Duration(&c.warmup, "warmup", "BENCH_WARMUP", time.Second, 0, time.Hour, "latency: rows committed this early are left out of the percentiles")
 	s.Int(&c.scaleRows, "scale-rows", "BENCH_SCALE_ROWS", 4000, 1, 10_000_000, "scaleout: queued rows per sender process")
@@ -166,6 +180,9 @@ func bind(s *envflag.Set, c *config) {
 	s.Int(&c.bulkRows, "bulk-rows", "BENCH_BULK_ROWS", 50_000, 1, 10_000_000, "priority: bulk rows queued before the urgent ones")
 	s.Int(&c.urgentRows, "urgent-rows", "BENCH_URGENT_ROWS", 100, 1, 100_000, "priority: urgent rows enqueued at 10/s behind the bulk backlog")
 	s.Duration(&c.limitWindow, "ratelimit-duration", "BENCH_RATELIMIT_DURATION", 60*time.Second, time.Second, time.Hour, "ratelimit: how long the backlog lasts at the limit (200/s)")
+	s.Int(&c.scheduledRows, "scheduled-rows", "BENCH_SCHEDULED_ROWS", 1_000_000, 1, 100_000_000, "schedule: rows scheduled for tomorrow (loaded once, into an outbox of their own) beside which the pipeline's backlog is drained, against the same backlog without them")
+	s.Int(&c.dueRows, "due-rows", "BENCH_DUE_ROWS", 2000, 1, 1_000_000, "schedule: rows written with a send time 3 s to 3 s + -due-spread ahead while writers commit at -rate beside the scheduled rows: how late after its send time each one is called")
+	s.Duration(&c.dueSpread, "due-spread", "BENCH_DUE_SPREAD", 10*time.Second, 0, time.Hour, "schedule: the due rows' send times are spread evenly over this")
 	s.Duration(&c.timeout, "timeout", "BENCH_TIMEOUT", 3*time.Minute, time.Second, 24*time.Hour, "give up on a scenario that has not finished by then")
 	s.Check(func() error {
 		sel, err := parseOnly(c.only)
@@ -218,5 +235,8 @@ func applyQuick(c *config, fs *flag.FlagSet, getenv func(string) string) {
 	shrink("bulk-rows", "BENCH_BULK_ROWS", func() { c.bulkRows = 5000 })
 	shrink("urgent-rows", "BENCH_URGENT_ROWS", func() { c.urgentRows = 20 })
 	shrink("ratelimit-duration", "BENCH_RATELIMIT_DURATION", func() { c.limitWindow = 25 * time.Second })
+	shrink("scheduled-rows", "BENCH_SCHEDULED_ROWS", func() { c.scheduledRows = 50_000 })
+	shrink("due-rows", "BENCH_DUE_ROWS", func() { c.dueRows = 200 })
+	shrink("due-spread", "BENCH_DUE_SPREAD", func() { c.dueSpread = 2 * time.Second })
 	shrink("timeout", "BENCH_TIMEOUT", func() { c.timeout = time.Minute })
 }

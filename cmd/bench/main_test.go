@@ -10,8 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/outbox"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }
@@ -195,12 +200,12 @@ func TestThroughputFigures(t *testing.T) {
 		return &pgActivity{CPUMicrosPerMsg: cpu, CommitsPerMsg: commits, WALBytesPerMsg: bytes, WALRecordsPerMsg: recs}
 	}
 	res := map[string][]sideResult{
-		sideBareRelay:    {{40000, pg(10, 0.002, 600, 4)}, {36000, pg(12, 0.002, 610, 4)}, {38000, pg(11, 0.002, 620, 4)}},
-		sideRelay:        {{30000, pg(20, 0.01, 3000, 20)}, {37000, nil}, {36000, pg(22, 0.01, 3100, 22)}},
-		sideBarePipeline: {{6000, pg(40, 0.06, 1200, 9)}, {6400, pg(42, 0.07, 1180, 9)}, {6200, pg(41, 0.065, 1190, 9)}},
-		sidePipeline:     {{5000, pg(120, 0.1, 1400, 12)}, {5100, pg(130, 0.1, 1420, 12)}, {4900, pg(125, 0.1, 1410, 12)}},
-		sideBareReceipts: {{5500, nil}, {5600, nil}, {5400, nil}},
-		sideReceipts:     {{4400, nil}, {4300, nil}, {4500, nil}},
+		sideBareRelay:    {{Rate: 40000, PG: pg(10, 0.002, 600, 4)}, {Rate: 36000, PG: pg(12, 0.002, 610, 4)}, {Rate: 38000, PG: pg(11, 0.002, 620, 4)}},
+		sideRelay:        {{Rate: 30000, PG: pg(20, 0.01, 3000, 20)}, {Rate: 37000, PG: nil}, {Rate: 36000, PG: pg(22, 0.01, 3100, 22)}},
+		sideBarePipeline: {{Rate: 6000, PG: pg(40, 0.06, 1200, 9)}, {Rate: 6400, PG: pg(42, 0.07, 1180, 9)}, {Rate: 6200, PG: pg(41, 0.065, 1190, 9)}},
+		sidePipeline:     {{Rate: 5000, PG: pg(120, 0.1, 1400, 12)}, {Rate: 5100, PG: pg(130, 0.1, 1420, 12)}, {Rate: 4900, PG: pg(125, 0.1, 1410, 12)}},
+		sideBareReceipts: {{Rate: 5500, PG: nil}, {Rate: 5600, PG: nil}, {Rate: 5400, PG: nil}},
+		sideReceipts:     {{Rate: 4400, PG: nil}, {Rate: 4300, PG: nil}, {Rate: 4500, PG: nil}},
 	}
 	r := &report{}
 	r.addThroughput(3, res)
@@ -256,7 +261,7 @@ func TestThroughputFigures(t *testing.T) {
 	}
 	// Without the baseline, no ratio.
 	r = &report{}
-	r.addThroughput(1, map[string][]sideResult{sideRelay: {{30000, nil}}})
+	r.addThroughput(1, map[string][]sideResult{sideRelay: {{Rate: 30000, PG: nil}}})
 	for _, f := range r.Figures {
 		if f.Op != "" {
 			t.Errorf("a ratio without its baseline: %+v", f)
@@ -313,4 +318,225 @@ func TestOneBenchADatabase(t *testing.T) {
 		t.Fatalf("after the first ended: %v", err)
 	}
 	second.cleanup(false)
+}
+
+// parseConfig binds the flags as run does, with env as the environment.
+func parseConfig(t *testing.T, args []string, env map[string]string) config {
+	t.Helper()
+	getenv := func(k string) string { return env[k] }
+	var c config
+	s := envflag.New("bench", getenv, io.Discard)
+	bind(s, &c)
+	if code, stop := s.Command(args); stop {
+		t.Fatalf("%v: exit %d", args, code)
+	}
+	if c.quick {
+		applyQuick(&c, s.FlagSet(), getenv)
+	}
+	return c
+}
+
+// -quick shrinks the schedule scenario as the others, but for what a flag
+// or the environment sets.
+func TestScheduleSettings(t *testing.T) {
+	t.Parallel()
+	c := parseConfig(t, []string{"-only", "schedule"}, nil)
+	if !c.selected["schedule"] || c.selected["pipeline"] || c.scheduledRows != 1_000_000 || c.dueRows != 2000 || c.dueSpread != 10*time.Second {
+		t.Errorf("defaults: %+v", c)
+	}
+	c = parseConfig(t, []string{"-quick"}, nil)
+	if !c.selected["schedule"] || c.scheduledRows != 50_000 || c.dueRows != 200 || c.dueSpread != 2*time.Second || c.runs != 1 {
+		t.Errorf("-quick: %+v", c)
+	}
+	c = parseConfig(t, []string{"-quick", "-due-rows", "300"}, map[string]string{"BENCH_SCHEDULED_ROWS": "70000"})
+	if c.scheduledRows != 70_000 || c.dueRows != 300 || c.dueSpread != 2*time.Second {
+		t.Errorf("-quick with sizes set: %+v", c)
+	}
+}
+
+// The schedule scenario's figures: each side's median, the ratio and its
+// target, the checks of the scheduled rows summed over the sides, and the
+// lateness with its targets.
+func TestScheduleFigures(t *testing.T) {
+	t.Parallel()
+	pg := func(cpu float64) *pgActivity { return &pgActivity{CPUMicrosPerMsg: cpu, WALBytesPerMsg: 10 * cpu} }
+	flow := func(extra int64) *flowCount {
+		return &flowCount{Backlog: 100, StreamMessages: 100, Deliveries: 100 + extra, Published: 100, Attempts: 100, ProviderRequests: 100}
+	}
+	s := &scheduleReport{ScheduledRows: 1_000_000, Backlog: 20_000, Runs: 3,
+		Without:    summarizeSide(sideWithout, []sideResult{{Rate: 4000, PG: pg(120)}, {Rate: 4400, PG: pg(130)}, {Rate: 4200, PG: pg(125)}}),
+		Beside:     summarizeSide(sideBeside, []sideResult{{Rate: 3900, PG: pg(140)}, {Rate: 4100, PG: pg(135)}, {Rate: 4000, PG: nil}}),
+		Untouched:  []untouchedCheck{{Rows: 1_000_000, Intact: 1_000_000}, {Rows: 1_000_000, Intact: 999_997, Changed: 2, Locked: 1}},
+		FlowBeside: []*flowCount{flow(0), flow(3)},
+		Lateness: &latenessReport{Rows: 2000, Spread: "10s", Rate: 1000,
+			ToCall: latencySummary{P50: 120, P95: 230, P99: 1200, Max: 1300}, Early: 1},
+	}
+	s.Ratio = ratio(s.Beside.Rate, s.Without.Rate)
+	r := &report{}
+	r.addSchedule(s, true)
+	if r.Schedule != s {
+		t.Error("the report does not hold the scenario")
+	}
+	got := map[string]figure{}
+	for _, f := range r.Figures {
+		if f.Scenario != "schedule" {
+			t.Errorf("figure of scenario %q", f.Scenario)
+		}
+		got[f.Name] = f
+	}
+	for _, tt := range []struct {
+		name  string
+		value float64
+		met   *bool
+	}{
+		{"pipeline without scheduled rows: drain 20,000 pending->sent, median of 3", 4200, nil},
+		{"pipeline beside 1,000,000 scheduled rows: drain 20,000 pending->sent, median of 3", 4000, nil},
+		{"pipeline beside 1,000,000 scheduled rows / without", 4000.0 / 4200, ptr(true)},
+		{"postgres CPU per message, without", 125, nil},
+		{"postgres CPU per message, beside 1,000,000 scheduled rows", 137.5, nil}, // the two runs that have it
+		{"scheduled rows changed or locked, 2 checks", 3, ptr(false)},
+		{"publications, deliveries, claims and promotions beyond the backlog, 2 sides beside them", 3, ptr(false)},
+		{"send_at->provider call p50 @1000/s, 2,000 rows due over 10s", 120, nil},
+		{"send_at->provider call p99 @1000/s, 2,000 rows due over 10s", 1200, ptr(false)},
+		{"send_at->provider call max @1000/s, 2,000 rows due over 10s", 1300, nil},
+		{"provider calls before send_at", 1, ptr(false)},
+	} {
+		f, ok := got[tt.name]
+		switch {
+		case !ok:
+			t.Errorf("no figure %q", tt.name)
+		case f.Value != tt.value:
+			t.Errorf("%s = %v, want %v", tt.name, f.Value, tt.value)
+		case (tt.met == nil) != (f.Met == nil) || (tt.met != nil && *tt.met != *f.Met):
+			t.Errorf("%s: met %v, want %v", tt.name, f.Met, tt.met)
+		}
+	}
+	// A ratio of 0.95 meets the target; nothing touched meets the checks.
+	s.Ratio, s.Untouched, s.FlowBeside, s.Lateness = 0.95, s.Untouched[:1], s.FlowBeside[:1], nil
+	r = &report{}
+	r.addSchedule(s, true)
+	if r.missed() != 0 {
+		t.Errorf("missed %d: %+v", r.missed(), r.Figures)
+	}
+	// Without both sides, no ratio.
+	r = &report{}
+	r.addSchedule(&scheduleReport{}, false)
+	if len(r.Figures) != 0 {
+		t.Errorf("figures without sides: %+v", r.Figures)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestFlowBeyond(t *testing.T) {
+	t.Parallel()
+	f := &flowCount{Backlog: 20, StreamMessages: 20, Deliveries: 20, Published: 20, Attempts: 20, ProviderRequests: 20}
+	if n := f.beyond(); n != 0 {
+		t.Errorf("beyond = %d, want 0", n)
+	}
+	// Fewer than the backlog is another failure (the drain did not end),
+	// not a negative excess.
+	f = &flowCount{Backlog: 20, StreamMessages: 21, Deliveries: 23, Published: 19, Promoted: 4, Attempts: 20, ProviderRequests: 22}
+	if n := f.beyond(); n != 1+3+4+2 {
+		t.Errorf("beyond = %d, want 10", n)
+	}
+}
+
+func TestMetricValues(t *testing.T) {
+	t.Parallel()
+	const text = `# HELP sendonce_relay_published_total Outbox row publications.
+# TYPE sendonce_relay_published_total counter
+sendonce_relay_published_total 20000
+sendonce_relay_timed_rows_total{what="due"} 0
+sendonce_relay_timed_rows_total{what="expired"} 7
+sendonce_relay_batch_rows_bucket{le="+Inf"} 41
+`
+	v, err := metricValues(strings.NewReader(text), "sendonce_relay_published_total", `sendonce_relay_timed_rows_total{what="expired"}`)
+	if err != nil || v["sendonce_relay_published_total"] != 20000 || v[`sendonce_relay_timed_rows_total{what="expired"}`] != 7 || len(v) != 2 {
+		t.Fatalf("metricValues = %v, %v", v, err)
+	}
+	if _, err := metricValues(strings.NewReader(text), "sendonce_relay_published"); err == nil {
+		t.Fatal("a missing sample: no error")
+	}
+}
+
+func TestDueLateness(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	ids := []uuid.UUID{uuid.New(), uuid.New()}
+	sendAt := []time.Time{t0, t0.Add(time.Second)}
+	taken := map[string]time.Time{ids[0].String(): t0.Add(200 * time.Millisecond), ids[1].String(): t0.Add(999 * time.Millisecond)}
+	sent := map[uuid.UUID]time.Time{ids[0]: t0.Add(210 * time.Millisecond), ids[1]: t0.Add(1010 * time.Millisecond)}
+	toCall, toSent, err := dueLateness(ids, sendAt, taken, sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := summarize(toCall); s.Max != 200 || s.Below != 1 {
+		t.Errorf("send_at->call = %+v, want 200 ms at most and one early", s)
+	}
+	if s := summarize(toSent); s.Max != 210 || s.Below != 0 {
+		t.Errorf("send_at->sent_at = %+v", s)
+	}
+	delete(taken, ids[1].String())
+	if _, _, err := dueLateness(ids, sendAt, taken, sent); err == nil {
+		t.Error("a row never called: no error")
+	}
+}
+
+func TestWithSearchPath(t *testing.T) {
+	t.Parallel()
+	got, err := withSearchPath("postgres://postgres@127.0.0.1:5432/sendonce_bench?sslmode=disable", futureSchema)
+	if err != nil || got != "postgres://postgres@127.0.0.1:5432/sendonce_bench?search_path=sendonce_future&sslmode=disable" {
+		t.Fatalf("withSearchPath = %q, %v", got, err)
+	}
+}
+
+// The check of the scheduled rows on real Postgres: a row locked or
+// changed after the load is found, and emptying the outbox keeps the
+// loaded rows alone.
+func TestScheduledRowsChecked(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := t.Context()
+	xmin, err := loadScheduled(ctx, pool, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{progress: io.Discard}
+	if err := b.copyRowsIn(ctx, pool, 10, "pending", outbox.Normal); err != nil {
+		t.Fatal(err)
+	}
+	f := &future{at: outboxAt{pool: pool, table: "sms_outbox", keepXmin: xmin}, rows: 200}
+	check := func(want untouchedCheck) {
+		t.Helper()
+		got, err := b.checkUntouched(ctx, f)
+		if err != nil || got != want {
+			t.Fatalf("checkUntouched = %+v, %v; want %+v", got, err, want)
+		}
+	}
+	check(untouchedCheck{Rows: 200, Intact: 200})
+	var scheduled int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE status = 'scheduled' AND send_at > now() + interval '23 hours'`).Scan(&scheduled); err != nil || scheduled != 200 {
+		t.Fatalf("%d rows scheduled for tomorrow, %v", scheduled, err)
+	}
+	// One claimed (locked and let go), one changed.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT id FROM sms_outbox WHERE status = 'scheduled' ORDER BY send_at LIMIT 1 FOR NO KEY UPDATE`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE sms_outbox SET updated_at = now() WHERE id = (SELECT id FROM sms_outbox WHERE status = 'scheduled' ORDER BY send_at DESC LIMIT 1)`); err != nil {
+		t.Fatal(err)
+	}
+	check(untouchedCheck{Rows: 200, Intact: 198, Changed: 1, Locked: 1})
+	if err := f.at.empty(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox`).Scan(&left); err != nil || left != 199 {
+		t.Fatalf("%d rows left after empty, %v; want the 199 loaded versions", left, err)
+	}
+	check(untouchedCheck{Rows: 200, Intact: 198, Changed: 1, Locked: 1})
 }

@@ -31,6 +31,9 @@ type report struct {
 	// Throughput is each relay and pipeline side's runs and medians, and
 	// the ratios of the product to the bare baselines.
 	Throughput *throughputReport `json:"throughput,omitempty"`
+	// Schedule is the schedule scenario: its sides' runs and medians, the
+	// checks of the scheduled rows and the lateness of the due ones.
+	Schedule *scheduleReport `json:"schedule,omitempty"`
 }
 
 // figure is one row of the table.
@@ -159,7 +162,7 @@ func printTable(w io.Writer, r *report) {
 // separators, times and sizes with one decimal.
 func formatValue(v float64, unit string) string {
 	switch unit {
-	case "rows/s", "msg/s":
+	case "rows/s", "msg/s", "rows":
 		return thousands(int64(math.Round(v))) + " " + unit
 	case "x":
 		return strconv.FormatFloat(v, 'f', 2, 64) + "x"
@@ -227,6 +230,7 @@ func configJSON(c config) map[string]any {
 		"latency_writers": c.writers, "latency_duration": c.duration.String(), "latency_warmup": c.warmup.String(),
 		"scale_rows_per_sender": c.scaleRows, "scale_senders": c.scaleSenders,
 		"scale_latency": c.scaleLatency.String(), "external_nats": c.natsURL != "",
+		"scheduled_rows": c.scheduledRows, "due_rows": c.dueRows, "due_spread": c.dueSpread.String(),
 	}
 }
 

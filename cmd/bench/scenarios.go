@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -113,11 +114,36 @@ func (b *bench) waitDrained(ctx context.Context, tag, table, order string, from 
 // accepting it to a receiver, and the clock stops at the last row the
 // receiver moved to delivered.
 func (b *bench) pipeline(ctx context.Context, rep *report, run int, receipts bool) (sideResult, error) {
-	n := b.cfg.pipeRows
-	name := fmt.Sprintf("pipeline-%d", run)
-	var stubEnv, stubArgs []string
+	d := pipeDrain{name: fmt.Sprintf("pipeline-%d", run), scenario: "pipeline", run: run, receipts: receipts}
 	if receipts {
-		name = fmt.Sprintf("receipts-%d", run)
+		d.name, d.scenario = fmt.Sprintf("receipts-%d", run), "receipts"
+	}
+	return b.drainPipeline(ctx, rep, d)
+}
+
+// pipeDrain is one drain of the pipeline: the pipeline sides' and the
+// schedule scenario's.
+type pipeDrain struct {
+	// name tags the processes and the progress lines; scenario and run
+	// name the drain in bench.json.
+	name, scenario string
+	run            int
+	// receipts drains to delivered through a receiver, not to sent.
+	receipts bool
+	// at is the outbox it runs on; nil: the bench database's own tables,
+	// emptied first.
+	at *outboxAt
+	// flow counts what the stream, the consumers and the relay saw
+	// (sideResult.Flow).
+	flow bool
+}
+
+// drainPipeline writes -pipeline-rows pending rows and drains them with
+// the relay, -senders senders and the stub, as pipeline describes.
+func (b *bench) drainPipeline(ctx context.Context, rep *report, d pipeDrain) (sideResult, error) {
+	n, name := b.cfg.pipeRows, d.name
+	var stubEnv, stubArgs []string
+	if d.receipts {
 		stubEnv = []string{"SMS_WEBHOOK_SECRET=" + b.receiptSecret}
 		stubArgs = []string{"-receipt-delay", "1ms"}
 	}
@@ -126,11 +152,24 @@ func (b *bench) pipeline(ctx context.Context, rep *report, run int, receipts boo
 		return sideResult{}, err
 	}
 	defer e.close()
+	pool, table := b.pool, "sms_outbox"
 	t := time.Now()
-	if err := b.copyRows(ctx, n, "pending"); err != nil {
+	if d.at != nil {
+		e.dbURL, pool, table = d.at.url, d.at.pool, d.at.table
+		if err := d.at.empty(ctx); err != nil {
+			return sideResult{}, err
+		}
+	}
+	var metricsURL string
+	if d.flow {
+		if metricsURL, err = e.relayMetrics(); err != nil {
+			return sideResult{}, err
+		}
+	}
+	if err := b.copyRowsIn(ctx, pool, n, "pending", outbox.Normal); err != nil {
 		return sideResult{}, err
 	}
-	if receipts {
+	if d.receipts {
 		u, err := e.startReceiver(ctx)
 		if err != nil {
 			return sideResult{}, err
@@ -147,11 +186,11 @@ func (b *bench) pipeline(ctx context.Context, rep *report, run int, receipts boo
 		return sideResult{}, err
 	}
 	final := "sent"
-	if receipts {
+	if d.receipts {
 		final = "delivered"
-		err = b.waitReceipts(ctx, e, name, n, started)
+		err = b.waitReceiptsIn(ctx, e, name, table, n, started)
 	} else {
-		err = b.waitSent(ctx, e, name, "sms_outbox", n, started, nil)
+		err = b.waitSent(ctx, e, name, table, n, started, nil)
 	}
 	if err != nil {
 		return sideResult{}, err
@@ -162,11 +201,18 @@ func (b *bench) pipeline(ctx context.Context, rep *report, run int, receipts boo
 	if err != nil {
 		return sideResult{}, err
 	}
+	var flow *flowCount
+	if d.flow {
+		// Before the processes stop: the relay's counters go with it.
+		if flow, err = e.countFlow(ctx, metricsURL); err != nil {
+			return sideResult{}, err
+		}
+	}
 	pg := b.finishPG(ctx, name, pg0, cpu, n)
 
 	var last time.Time
 	var attempts, rows int
-	err = b.pool.QueryRow(ctx, `SELECT count(*), max(updated_at), sum(attempt_count) FROM sms_outbox WHERE status = $1`, final).Scan(&rows, &last, &attempts)
+	err = b.pool.QueryRow(ctx, `SELECT count(*), max(updated_at), sum(attempt_count) FROM `+table+` WHERE status = $1`, final).Scan(&rows, &last, &attempts)
 	if err != nil {
 		return sideResult{}, fmt.Errorf("read %s rows: %w", final, err)
 	}
@@ -180,16 +226,18 @@ func (b *bench) pipeline(ctx context.Context, rep *report, run int, receipts boo
 	rate := float64(n) / span.Seconds()
 	b.logf("[%s] %d messages %s in %s: %.0f msg/s; %d attempts, %d provider requests, %d receipts", name, n, final, span.Round(time.Millisecond), rate, attempts, stats.Requests, stats.ReceiptsSent)
 	b.logf("[%s] cpu: %s", name, cpu)
-	scen := "pipeline"
-	if receipts {
-		scen = "receipts"
-	}
-	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: scen, Run: run, Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
+	details := map[string]any{
 		"messages_per_second": rate, "relay_start_to_last_" + final + "_s": span.Seconds(), "attempts": attempts,
 		"provider_requests": stats.Requests, "senders": b.cfg.senders, "sender_concurrency": b.cfg.concurrency,
 		"receipts_sent": stats.ReceiptsSent, "receipt_failures": stats.ReceiptFailures,
-	}})
-	return sideResult{Rate: rate, PG: pg}, nil
+	}
+	if flow != nil {
+		flow.Backlog, flow.Attempts, flow.ProviderRequests = int64(n), int64(attempts), stats.Requests
+		details["flow"] = flow
+		b.logf("[%s] %s", name, flow)
+	}
+	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: d.scenario, Run: d.run, Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: details})
+	return sideResult{Rate: rate, PG: pg, Flow: flow}, nil
 }
 
 // waitSent waits until the stub has delivered n messages and table shows
@@ -218,13 +266,8 @@ func (b *bench) waitSent(ctx context.Context, e *env, tag, table string, n int, 
 	})
 }
 
-// waitReceipts waits until the stub's receipts of n messages were
-// answered and n rows are delivered.
-func (b *bench) waitReceipts(ctx context.Context, e *env, tag string, n int, from time.Time) error {
-	return b.waitReceiptsIn(ctx, e, tag, "sms_outbox", n, from)
-}
-
-// waitReceiptsIn is waitReceipts for the rows of table.
+// waitReceiptsIn waits until the stub's receipts of n messages were
+// answered and n rows of table are delivered.
 func (b *bench) waitReceiptsIn(ctx context.Context, e *env, tag, table string, n int, from time.Time) error {
 	show := throttle(time.Second)
 	return b.waitUntil(ctx, 100*time.Millisecond, func() (bool, error) {
@@ -305,7 +348,7 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := b.writeAtRate(wctx, w, total, begin, &records[w], &committed)
+			err := b.writeAtRate(wctx, b.pool, w, total, begin, &records[w], &committed)
 			if err != nil {
 				errOnce.Do(func() { writeErr = err; cancelWriters() })
 			}
@@ -412,9 +455,10 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 	return nil
 }
 
-// writeAtRate commits writer w's share of total single-row transactions,
-// the i-th due at begin + i/rate, and records each commit.
-func (b *bench) writeAtRate(ctx context.Context, w, total int, begin time.Time, out *[]commitRecord, committed *atomic.Int64) error {
+// writeAtRate commits writer w's share of total single-row transactions
+// to the outbox pool's search_path finds, the i-th due at begin + i/rate,
+// and records each commit.
+func (b *bench) writeAtRate(ctx context.Context, pool *pgxpool.Pool, w, total int, begin time.Time, out *[]commitRecord, committed *atomic.Int64) error {
 	c := b.cfg
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -432,7 +476,7 @@ func (b *bench) writeAtRate(ctx context.Context, w, total int, begin time.Time, 
 		to := fmt.Sprintf("+1555%07d", i%10_000_000)
 		body := fmt.Sprintf("Your sendonce bench code is %06d. It expires in 10 minutes.", i%1_000_000)
 		var id uuid.UUID
-		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
 			id, err = outbox.Enqueue(ctx, tx, to, body)
 			return err

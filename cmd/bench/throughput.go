@@ -30,6 +30,9 @@ type sideResult struct {
 	Rate float64
 	// PG is Postgres's activity per message; nil when it could not be read.
 	PG *pgActivity
+	// Flow is what the stream, the consumers and the relay counted, for
+	// the drains asked to count it (pipeDrain.flow); nil otherwise.
+	Flow *flowCount
 }
 
 // ratioTarget is one target of the throughput: the product's side over
