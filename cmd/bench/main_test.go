@@ -418,6 +418,11 @@ func TestScheduleFigures(t *testing.T) {
 	if r.missed() != 0 {
 		t.Errorf("missed %d: %+v", r.missed(), r.Figures)
 	}
+	for _, f := range r.Figures {
+		if strings.Contains(f.Name, "1 checks") || strings.Contains(f.Name, "1 sides") {
+			t.Errorf("figure %q", f.Name)
+		}
+	}
 	// Without both sides, no ratio.
 	r = &report{}
 	r.addSchedule(&scheduleReport{}, false)

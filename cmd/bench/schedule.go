@@ -523,10 +523,10 @@ func (r *report) addSchedule(s *scheduleReport, sides bool) {
 		beyond += f.beyond()
 	}
 	if len(s.Untouched) > 0 {
-		r.addTarget("schedule", fmt.Sprintf("scheduled rows changed or locked, %d checks", len(s.Untouched)), float64(touched), "rows", "<=", 0)
+		r.addTarget("schedule", "scheduled rows changed or locked, "+plural(len(s.Untouched), "check"), float64(touched), "rows", "<=", 0)
 	}
 	if len(s.FlowBeside) > 0 {
-		r.addTarget("schedule", fmt.Sprintf("publications, deliveries, claims and promotions beyond the backlog, %d sides beside them", len(s.FlowBeside)), float64(beyond), "rows", "<=", 0)
+		r.addTarget("schedule", "publications, deliveries, claims and promotions beyond the backlog, "+plural(len(s.FlowBeside), "side")+" beside them", float64(beyond), "rows", "<=", 0)
 	}
 	if l := s.Lateness; l != nil {
 		tag := fmt.Sprintf(" @%d/s, %s rows due over %s", l.Rate, thousands(int64(l.Rows)), l.Spread)
@@ -536,6 +536,14 @@ func (r *report) addSchedule(s *scheduleReport, sides bool) {
 		r.add("schedule", "send_at->provider call max"+tag, l.ToCall.Max, "ms")
 		r.addTarget("schedule", "provider calls before send_at", float64(l.Early), "rows", "<=", 0)
 	}
+}
+
+// plural returns "1 thing" or "n things".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
 }
 
 // lateness: writers commit at -rate through outbox.Enqueue beside the
