@@ -606,6 +606,10 @@ const cancelSQL = `SELECT sendonce_cancel($1)`
 // decided by the database: the message is either cancelled and never
 // called, or called and not cancelled. An id with no row returns
 // ErrNotFound. Cancelling a cancelled message returns StatusCancelled.
+//
+// The cancel holds the message's row lock until db's transaction ends, and
+// a sender that fetched the message waits for it meanwhile: call it on a
+// pool (its own short transaction) or in a transaction that commits soon.
 func Cancel(ctx context.Context, db Querier, id uuid.UUID) (State, error) {
 	var st *string
 	if err := db.QueryRow(ctx, cancelSQL, id).Scan(&st); err != nil {
