@@ -123,6 +123,12 @@ type Client struct {
 	// generic API's CodeExpired): nothing was taken, and the message is
 	// expired rather than dead.
 	expiredCode int
+	// optOut are the error codes with which the API refuses a message
+	// because its recipient opted out (optout.go): Permanent, OptedOut.
+	// They are believed on a 4xx that says nothing was taken, and on
+	// optOutStatuses, the statuses the provider documents for them
+	// (Telnyx's 409).
+	optOut, optOutStatuses []int
 }
 
 // NotTaken reports whether an attempt certainly left the message untaken
@@ -202,6 +208,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	c.newRequest, c.refField = c.genericRequest, "id"
 	c.unavailableTakesNothing, c.expiredCode = true, CodeExpired
+	c.optOut = optOutCodes["generic"]
 	if cfg.Lookup {
 		c.lookup = c.genericLookup
 	}
@@ -427,6 +434,11 @@ func (c *Client) classify(resp *http.Response, data []byte, readErr error, m Mes
 		// The provider refused the message as expired on arrival: it
 		// took nothing, and no later attempt may be made.
 		o.Kind = Expired
+	case code != 0 && slices.Contains(c.optOut, code) && status >= 400 && status < 500 &&
+		(!mayFollowTaken(status) || slices.Contains(c.optOutStatuses, status)):
+		// The recipient opted out: nothing was taken, and no provider
+		// may be called for the number (the suppression list).
+		o.Kind, o.OptedOut = Permanent, true
 	case code != 0 && slices.Contains(c.permanent, code) && !mayFollowTaken(status):
 		// A permanent code is believed only on an answer that says the
 		// provider took nothing. On one that may follow a message it took

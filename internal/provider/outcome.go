@@ -87,6 +87,11 @@ type Outcome struct {
 	// (TCP and TLS done), whether or not the request was then written: a
 	// failure with it unset certainly reached nobody.
 	Connected bool
+	// OptedOut is set on a Permanent outcome whose answer says the
+	// recipient opted out of messages from the sender (Twilio's 21610 and
+	// its like: optout.go). The provider took nothing; the number goes on
+	// the suppression list, and no provider is called for it again.
+	OptedOut bool
 }
 
 // Error returns the outcome as last_error text: status, code and reason.

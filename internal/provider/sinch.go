@@ -138,6 +138,7 @@ func NewSinch(cfg SinchConfig) (*Client, error) {
 	c.auth = "Bearer " + cfg.APIToken
 	c.refField = "id"
 	c.errorFields = sinchErrorFields
+	c.optOut = nil // Sinch documents no opted-out code (optout.go)
 	c.newRequest = func(ctx context.Context, m Message, now time.Time) (*http.Request, error) {
 		to, err := vonageNumber(m.To)
 		if err != nil {

@@ -92,6 +92,8 @@ const TelnyxReceiptsPath = "/v1/receipts/telnyx"
 //     Permanent; the same request gets the same answer.
 //   - 429 (10011 too many requests): Retry, after Retry-After when given;
 //     nothing was sent.
+//   - 40300 ("Blocked due to STOP message", answered 409): Permanent and
+//     OptedOut; the recipient opted out (optout.go).
 //   - 500 (10007 unexpected error) and every other 5xx: Ambiguous (Telnyx
 //     may have taken the message before failing); 408 (10008 request
 //     timeout), 409 and 425 likewise, as for any provider without
@@ -126,6 +128,7 @@ func NewTelnyx(cfg TelnyxConfig) (*Client, error) {
 	c.auth = "Bearer " + cfg.APIKey
 	c.refOf = telnyxRef
 	c.errorFields = telnyxErrorFields
+	c.optOut, c.optOutStatuses = optOutCodes["telnyx"], []int{http.StatusConflict}
 	c.newRequest = func(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 		to, err := telnyxNumber(m.To)
 		if err != nil {

@@ -78,6 +78,9 @@ const (
 // seconds (twilioValidityPeriod): how long Twilio may keep it queued
 // before it gives up on it (Twilio's error 30036) rather than send it late.
 //
+// An answer with error 21610 (the recipient opted out) is Permanent and
+// OptedOut (optout.go).
+//
 // Twilio documents that creating a message is not idempotent, so the client
 // always runs in non-idempotent mode: an outcome that may have reached
 // Twilio is Ambiguous (the row ends unknown), never retried.
@@ -114,6 +117,7 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json"
 	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.AccountSID+":"+cfg.AuthToken))
 	c.refField = "sid"
+	c.optOut = optOutCodes["twilio"]
 	c.newRequest = func(ctx context.Context, m Message, now time.Time) (*http.Request, error) {
 		form := url.Values{"To": {m.To}, "Body": {m.Body}}
 		if !m.ExpiresAt.IsZero() {

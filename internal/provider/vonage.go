@@ -85,7 +85,9 @@ var ErrVonageNoLookup = errors.New("provider: vonage offers no lookup by our ref
 //
 // The code of an error is the numeric fragment of its type URL (the
 // document's x-errors, e.g. #1120 "Illegal Sender Address"), which
-// SMS_PERMANENT_CODES may name.
+// SMS_PERMANENT_CODES may name; #1240 (a recipient who opted out) is
+// Permanent and OptedOut, though Vonage reports it in the status webhook
+// rather than in an answer (optout.go).
 func NewVonage(cfg VonageConfig) (*Client, error) {
 	switch {
 	case cfg.APIKey == "":
@@ -114,6 +116,7 @@ func NewVonage(cfg VonageConfig) (*Client, error) {
 	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.APIKey+":"+cfg.APISecret))
 	c.refField = "message_uuid"
 	c.errorFields = vonageErrorFields
+	c.optOut = optOutCodes["vonage"]
 	// 402 (low balance) is a refusal before anything was sent: the same
 	// message goes through once the account is topped up.
 	c.refused = []int{http.StatusPaymentRequired}
