@@ -447,11 +447,11 @@ func ConsoleReplays(ctx context.Context, q Querier, row uuid.UUID, limit int) ([
 	cond := ""
 	args := []any{limit}
 	if row != uuid.Nil {
-		cond = `WHERE replayed @> ARRAY[$2::uuid]`
+		cond = `AND replayed @> ARRAY[$2::uuid]`
 		args = append(args, row)
 	}
 	rows, _ := q.Query(ctx, `SELECT id, at, username, role, requested, replayed, refused, coalesce(remote, '')
-		FROM sendonce_console_audit `+cond+` ORDER BY id DESC LIMIT $1`, args...)
+		FROM sendonce_console_audit WHERE action = 'replay' `+cond+` ORDER BY id DESC LIMIT $1`, args...)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsoleReplay, error) {
 		var c ConsoleReplay
 		err := r.Scan(&c.ID, &c.At, &c.User, &c.Role, &c.Requested, &c.Replayed, &c.Refused, &c.Remote)

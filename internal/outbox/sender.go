@@ -39,6 +39,11 @@ const (
 	// have been taken, and the claim ended it expired instead: ack and
 	// skip, no call.
 	Expired
+	// Suppressed: the row's number is on the suppression list
+	// (sms_suppressions) and no attempt may have been taken, and the claim
+	// ended it suppressed instead: ack and skip, no call. Claim.SuppressedBy
+	// names the entry's source.
+	Suppressed
 )
 
 // Claim is one row as a sender's claim found it.
@@ -114,6 +119,13 @@ type Claim struct {
 	// counts from its own clock with it.
 	ExpiresAt   time.Time
 	ExpiresLeft time.Duration
+	// SuppressedBy, when not empty, is the source of the suppression-list
+	// entry of the row's number (inbound, refusal, receipt, operator,
+	// import, app) as the claim found it: set with Result Suppressed, and
+	// on a row claimed while its number is on the list, which an earlier
+	// attempt may have reached. Such a row is settled by evidence, never
+	// by a call (no call starts to a number on the list).
+	SuppressedBy string
 }
 
 // Providers names the provider a claim gives a row that has none.
@@ -146,6 +158,12 @@ type Delivery struct {
 // run again because its answer was lost) is returned as Claimed with its
 // lease renewed and its attempt count unchanged, so that a lost answer is
 // never mistaken for a sender that died mid-call.
+//
+// The same statement ends, instead of claiming them, the pending and
+// queued rows that no earlier attempt may have reached (no maybe_accepted,
+// no lookup owed) and that are past their expiry (Expired) or whose number
+// is on the suppression list (Suppressed): no sender can call for such a
+// row, since the database refuses any claim of it (migrations 0031, 0032).
 //
 // Rows are locked in id order with FOR NO KEY UPDATE (which does not block
 // the attempts log's foreign-key checks), so concurrent claims of
@@ -189,18 +207,29 @@ WITH cur AS (
 	       -- claim ends it expired rather than sending (I10), unless its
 	       -- delivery says a claim may be lost (below).
 	       o.status IN ('pending', 'queued') AND o.expires_at <= clock_timestamp()
-	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS expires_due
+	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS expires_due,
+	       -- The number's entry on the suppression list (one probe of its
+	       -- key), if any: an unmarked row ends suppressed rather than
+	       -- sending (I10); a marked one is claimed, to be settled by
+	       -- evidence and never called.
+	       s.source AS sup_source, s.provider AS sup_provider,
+	       o.status IN ('pending', 'queued') AND s.source IS NOT NULL
+	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS listed
 	FROM sms_outbox o
+	LEFT JOIN sms_suppressions s ON s.number OPERATOR(pg_catalog.=) o.to_e164
 	WHERE o.id = ANY($1::uuid[])
 	ORDER BY o.id
 	FOR NO KEY UPDATE OF o
 ), upd AS (
 	UPDATE sms_outbox o
-	SET status = CASE WHEN expiring THEN 'expired' ELSE 'sending' END,
-	    attempt_count = CASE WHEN mine OR expiring THEN o.attempt_count ELSE o.attempt_count + 1 END,
-	    claim_id = CASE WHEN expiring THEN NULL ELSE $3 END,
-	    lease_until = CASE WHEN expiring THEN NULL ELSE clock_timestamp() + $2::interval END,
-	    last_error = CASE WHEN expiring THEN 'expired before any provider call' ELSE o.last_error END,
+	SET status = CASE WHEN expiring THEN 'expired' WHEN suppressing THEN 'suppressed' ELSE 'sending' END,
+	    attempt_count = CASE WHEN mine OR expiring OR suppressing THEN o.attempt_count ELSE o.attempt_count + 1 END,
+	    claim_id = CASE WHEN expiring OR suppressing THEN NULL ELSE $3 END,
+	    lease_until = CASE WHEN expiring OR suppressing THEN NULL ELSE clock_timestamp() + $2::interval END,
+	    last_error = CASE WHEN expiring THEN 'expired before any provider call'
+	                      WHEN suppressing THEN 'suppressed before any provider call: the number is on the suppression list (source '
+	                                            || sup_source || coalesce(' ' || sup_provider, '') || ')'
+	                      ELSE o.last_error END,
 	    updated_at = clock_timestamp(),
 	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
 	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(cur.seq, 0) END,
@@ -215,17 +244,21 @@ WITH cur AS (
 	                              WHERE a.outbox_id = o.id AND a.provider IS NOT NULL
 	                                AND a.outcome NOT IN ('lookup', 'rate_limited')
 	                              ORDER BY a.id DESC LIMIT 1), $7) END
-	FROM (SELECT c.*, c.status = 'sending' AND c.claim_id IS NOT DISTINCT FROM $3 AS mine, d.seq, d.delivery, d.pref,
-	             -- A redelivery whose previous delivery the row does not
-	             -- account for (its claim or its hand-back) may follow a
-	             -- claim a failover lost with its call: expiry never
-	             -- overrides that doubt either, the sender settles it.
-	             c.expires_due AND NOT (d.delivery > 1
-	                 AND NOT (c.claim_seq IS NOT DISTINCT FROM d.seq AND c.claim_delivery IN (d.delivery - 1, d.delivery))
-	                 AND NOT (c.handback_seq IS NOT DISTINCT FROM d.seq AND c.handback_delivery = d.delivery - 1)) AS expiring
-	      FROM cur c JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)) cur
+	FROM (SELECT x.*, x.expires_due AND NOT x.unaccounted AS expiring,
+	             -- Expiry first: a row past it and listed ends expired.
+	             x.listed AND NOT x.unaccounted AND NOT (x.expires_due AND NOT x.unaccounted) AS suppressing
+	      FROM (SELECT c.*, c.status = 'sending' AND c.claim_id IS NOT DISTINCT FROM $3 AS mine, d.seq, d.delivery, d.pref,
+	                   -- A redelivery whose previous delivery the row does
+	                   -- not account for (its claim or its hand-back) may
+	                   -- follow a claim a failover lost with its call:
+	                   -- neither expiry nor the list overrides that doubt,
+	                   -- the sender settles it (never by a call).
+	                   d.delivery > 1
+	                   AND NOT (c.claim_seq IS NOT DISTINCT FROM d.seq AND c.claim_delivery IN (d.delivery - 1, d.delivery))
+	                   AND NOT (c.handback_seq IS NOT DISTINCT FROM d.seq AND c.handback_delivery = d.delivery - 1) AS unaccounted
+	            FROM cur c JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)) x) cur
 	WHERE o.id = cur.id
-	  AND (cur.status = 'pending' OR expiring
+	  AND (cur.status = 'pending' OR expiring OR suppressing
 	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
 	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
 	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen,
@@ -234,14 +267,14 @@ WITH cur AS (
 	          -- from there.
 	          greatest(o.created_at, o.send_at) AS created_at,
 	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider, o.lookup_everywhere,
-	          o.status, o.expires_at
+	          o.status, o.expires_at, cur.sup_source
 )
 SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
        upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
        coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
        clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, ''),
        coalesce(upd.lookup_everywhere, false), coalesce(cur.handback_seq, 0), coalesce(cur.handback_delivery, 0),
-       coalesce(upd.status, ''), upd.expires_at
+       coalesce(upd.status, ''), upd.expires_at, coalesce(upd.sup_source, '')
 FROM cur
 LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary, each)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
@@ -267,7 +300,7 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 		)
 		if err := r.Scan(&c.ID, &prev, &leaseUntil, &due, &claimed, &mine, &to, &body, &attempt, &maxAtt, &gen,
 			&createdAt, &c.MaybeAccepted, &c.LookupPending, &c.Lookups, &now, &prevSeq, &prevCount, &c.Provider, &c.LookupEverywhere,
-			&backSeq, &backCount, &newStatus, &expiresAt); err != nil {
+			&backSeq, &backCount, &newStatus, &expiresAt, &c.SuppressedBy); err != nil {
 			return c, err
 		}
 		switch {
@@ -276,6 +309,9 @@ LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs,
 		case claimed && newStatus == string(StatusExpired):
 			c.Prev = State(*prev)
 			c.Result = Expired
+		case claimed && newStatus == string(StatusSuppressed):
+			c.Prev = State(*prev)
+			c.Result = Suppressed
 		case claimed:
 			c.Prev = State(*prev)
 			c.Result = Claimed
@@ -449,6 +485,13 @@ type Result struct {
 	// an attempt whose records may have been lost could not ask every
 	// other provider yet, false once they all answered; nil leaves it.
 	LookupEverywhere *bool
+	// Suppress, when set, puts the row's number on the suppression list
+	// in the same transaction, before any status is written: the provider
+	// refused the call because the recipient opted out. The row's own
+	// status is then StatusSuppressed (or StatusUnknown, when an earlier
+	// attempt may have reached the provider). The number goes on the list
+	// whether or not the status write applies.
+	Suppress *Suppression
 }
 
 // Written describes a row a status write changed.
@@ -518,6 +561,10 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 	if err := insertAttempts(ctx, tx, attempts, again); err != nil {
 		return nil, err
 	}
+	// The list first: a move into suppressed needs the number on it.
+	if err := suppressRows(ctx, tx, results); err != nil {
+		return nil, err
+	}
 	written := make(map[uuid.UUID]Written, len(results))
 	// One statement updates a row once: a second result for the same row in
 	// one batch (a late outcome of an overtaken attempt beside the new one)
@@ -542,6 +589,9 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		}
 		rest = later
 	}
+	if err := requeueUnlisted(ctx, tx, results, written); err != nil {
+		return nil, err
+	}
 	if err := markMissed(ctx, tx, results, written); err != nil {
 		return nil, err
 	}
@@ -555,6 +605,41 @@ func ApplyResults(ctx context.Context, tx pgx.Tx, results []Result, attempts []A
 		return nil, err
 	}
 	return written, nil
+}
+
+// requeueUnlisted puts back a row the sender decided to end suppressed
+// without a call, but whose number left the list since its claim (an
+// operator removed it): no call was made, and now one may be. The row
+// waits in Postgres (queued, its attempt given back, no message: the
+// sender acks it) and the reconciler republishes it. Only while its claim
+// still holds it; the trigger's check of the list runs on a snapshot of
+// its own, so a removal that commits between the write's check and the
+// trigger's fails the write, which is tried again and then comes here.
+func requeueUnlisted(ctx context.Context, tx pgx.Tx, results []Result, written map[uuid.UUID]Written) error {
+	var ids, tokens []uuid.UUID
+	for _, r := range results {
+		if _, applied := written[r.ID]; r.Status == StatusSuppressed && r.Suppress == nil && !applied {
+			ids, tokens = append(ids, r.ID), append(tokens, r.Token)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, _ := tx.Query(ctx, `
+WITH locked AS (
+	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE sms_outbox o
+SET status = 'queued', next_attempt_at = clock_timestamp(), stream_seq = NULL,
+    attempt_count = greatest(o.attempt_count - 1, 0), updated_at = clock_timestamp(),
+    last_error = 'its number left the suppression list before the row was ended: it waits to be sent'
+FROM unnest($1::uuid[], $2::uuid[]) AS v(id, token) JOIN locked USING (id)
+WHERE o.id = v.id AND o.claim_id = v.token AND o.status = 'sending'
+RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`, uuidArray(ids), uuidArray(tokens))
+	if err := collectWritten(rows, written); err != nil {
+		return fmt.Errorf("outbox: put back rows whose number left the suppression list: %w", err)
+	}
+	return nil
 }
 
 // refundMissed gives back the attempt of a refunded result whose write
@@ -707,7 +792,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 	)
 	for i, r := range results {
 		switch r.Status {
-		case StatusSent, StatusDelivered, StatusUndelivered, StatusQueued, StatusDead, StatusUnknown, StatusExpired:
+		case StatusSent, StatusDelivered, StatusUndelivered, StatusQueued, StatusDead, StatusUnknown, StatusExpired, StatusSuppressed:
 		default:
 			return fmt.Errorf("outbox: write results: status %q is not an attempt outcome", r.Status)
 		}
@@ -783,6 +868,9 @@ WHERE o.id = v.id
            WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled')
            WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent', 'expired', 'cancelled')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
+  -- Suppressed only while the number is on the list (the trigger's rule):
+  -- one an operator removed since the claim is put back (requeueUnlisted).
+  AND (v.status <> 'suppressed' OR EXISTS (SELECT 1 FROM sms_suppressions s WHERE s.number OPERATOR(pg_catalog.=) o.to_e164))
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
 		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc, provs, everyw)
 	if err := collectWritten(rows, written); err != nil {
@@ -797,7 +885,7 @@ RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
 func plainSends(results []Result) bool {
 	for _, r := range results {
 		if r.Status != StatusSent || r.MaybeAccepted || r.Refund || r.LookupPending || r.LookupFailed ||
-			r.NotAccepted || r.Lookup != nil || r.LookupEverywhere != nil {
+			r.NotAccepted || r.Lookup != nil || r.LookupEverywhere != nil || r.Suppress != nil {
 			return false
 		}
 	}

@@ -74,7 +74,7 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		lastDelivery: s.lastDelivery(h.md), canLookup: p.CanLookup(),
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
 		redelivered: unaccounted(h.md, c.PrevDelivery, c.HandedBack), everywhere: c.LookupEverywhere,
-		expired: expiredAt(c.ExpiresAt, time.Now()),
+		expired: expiredAt(c.ExpiresAt, time.Now()), suppressed: c.SuppressedBy != "",
 	}
 	pol := policy{backoff: Backoff(c.Attempt, s.cfg.RetryBase, s.cfg.RetryCap), maxNakDelay: s.cfg.MaxNakDelay, settle: s.cfg.LookupSettle}
 	if f.looksUp() || s.failover() {
@@ -241,6 +241,17 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	if v.outcome != "lookup" {
 		s.metrics.count(called, v.outcome)
 	}
+	if v.status == outbox.StatusSuppressed {
+		source := c.SuppressedBy
+		if v.suppress {
+			source = outbox.SourceRefusal
+		}
+		s.metrics.suppressedRow(source, called)
+	}
+	if v.suppress {
+		logAt(slog.LevelInfo, "the provider refused the message: the recipient opted out; the number goes on the suppression list",
+			"provider", r.Name, "http_status", out.HTTPStatus, "provider_code", out.Code, "status", string(v.status))
+	}
 	switch {
 	case v.letter && v.status == outbox.StatusUnknown:
 		logAt(slog.LevelWarn, "outcome unknown; not retried", "reason", v.reason, "http_status", out.HTTPStatus)
@@ -262,6 +273,9 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		res.row.ProviderRef = out.Ref
 	case !called:
 		res.row.ProviderRef = v.ref
+	}
+	if v.suppress {
+		res.row.Suppress = &outbox.Suppression{Source: outbox.SourceRefusal, Provider: r.Name, Reason: fmt.Sprintf("code %d", out.Code)}
 	}
 	// A first attempt that was sent, of a row never replayed or republished
 	// (generation 0), is described by its row (attempt_count 1,

@@ -85,6 +85,10 @@ type facts struct {
 	// expired: the row's expires_at has come. No call may start now; what
 	// an earlier attempt may have done is settled by evidence only.
 	expired bool
+	// suppressed: the row's number was on the suppression list when it
+	// was claimed. No call may start; what an earlier attempt may have
+	// done is settled by evidence only, as for expired.
+	suppressed bool
 }
 
 // marked reports whether an earlier attempt may have been taken, by what
@@ -178,6 +182,10 @@ type verdict struct {
 	// lookup is not due yet (lookup_wait), or the lease has too little
 	// time left for the call (no_time).
 	heldBack string
+	// suppress puts the row's number on the suppression list with the
+	// status write: the provider refused the call because the recipient
+	// opted out.
+	suppress bool
 }
 
 // decide maps what is known of a claimed row, and the provider's answer when
@@ -227,6 +235,9 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 		}
 		return v
 	case provider.Permanent:
+		if o.OptedOut {
+			return decideOptedOut(f, o)
+		}
 		// A refusal now says nothing of an earlier attempt whose answer was
 		// lost (a rotated key, an expired key store).
 		v := unsent(f.maybeAccepted, wire.ReasonPermanent, o.Error())
@@ -266,6 +277,9 @@ func decide(f facts, o *provider.Outcome, p policy) verdict {
 func decideBefore(f facts, p policy) verdict {
 	if f.expired {
 		return decideExpired(f, p)
+	}
+	if f.suppressed {
+		return decideSuppressed(f, p)
 	}
 	switch {
 	case f.looksUp() && f.doubtful() && f.lookupWait > 0:
@@ -427,13 +441,66 @@ func expiredVerdict() verdict {
 	return verdict{status: outbox.StatusExpired, errText: "expired before any provider call", action: ack, outcome: "expired", refund: true}
 }
 
+// decideSuppressed decides a row whose number was on the suppression list
+// when it was claimed: no call, ever, as for an expired row
+// (decideExpired). A row nothing marks as possibly taken ends suppressed
+// (the database's claim ends such a row itself; this one was claimed
+// before the number was listed, by a claim run again for its lost
+// answer). One an earlier attempt may have reached is settled by
+// evidence, never suppressed and never called: the provider is asked
+// where it can be, and the row ends unknown where it cannot.
+func decideSuppressed(f facts, p policy) verdict {
+	switch {
+	case !f.marked():
+		return suppressedVerdict()
+	case f.canLookup && f.lookupWait > 0:
+		return deferLookup(f, p)
+	case f.canLookup:
+		return verdict{lookup: true}
+	}
+	return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous,
+		errText: "the number is on the suppression list while an earlier attempt may have reached the provider, which cannot be asked: no call to a suppressed number; a receipt or a person settles it",
+		action:  term, maybe: true, outcome: "ambiguous", letter: true, refund: true}
+}
+
+// suppressedVerdict ends a row that no call may have reached, whose number
+// is on the suppression list: suppressed, acked, the claim's attempt given
+// back.
+func suppressedVerdict() verdict {
+	return verdict{status: outbox.StatusSuppressed, errText: "suppressed before any provider call: the number is on the suppression list",
+		action: ack, refund: true}
+}
+
+// decideOptedOut decides a call the provider refused because the
+// recipient opted out: the number goes on the suppression list, so that no
+// provider is called for it again, and the row ends suppressed (the
+// attempt was spent: the call was made). Where an earlier attempt may have
+// reached a provider, the row is never suppressed (it may have been sent):
+// it ends unknown, as any refusal then does, and the number still goes on
+// the list.
+func decideOptedOut(f facts, o *provider.Outcome) verdict {
+	if f.maybeAccepted {
+		v := unsent(true, wire.ReasonPermanent, "the recipient opted out: "+o.Error()+"; the number is on the suppression list")
+		v.outcome, v.suppress = "permanent", true
+		return v
+	}
+	return verdict{status: outbox.StatusSuppressed, action: ack, outcome: "permanent", suppress: true,
+		errText: "suppressed: the provider refused the message because the recipient opted out (" + o.Error() + "); the number is on the suppression list"}
+}
+
 // decideAfterNone decides the call that follows a lookup that found
 // nothing: no earlier attempt reached the provider, so a row past its
-// expiry ends expired and one whose budget is spent ends dead (nothing was
-// sent), else the call goes ahead.
+// expiry ends expired, one whose number is on the suppression list ends
+// suppressed and one whose budget is spent ends dead (nothing was sent),
+// else the call goes ahead.
 func decideAfterNone(f facts) verdict {
 	if f.expired {
 		v := expiredVerdict()
+		v.notAccepted = true
+		return v
+	}
+	if f.suppressed {
+		v := suppressedVerdict()
 		v.notAccepted = true
 		return v
 	}

@@ -24,6 +24,7 @@ func TestDecide(t *testing.T) {
 	lost := &provider.Outcome{Kind: provider.Retry, Reason: "no response after the request was sent: timeout", MaybeAccepted: true}
 	perm := &provider.Outcome{Kind: provider.Permanent, HTTPStatus: 400, Code: 21211, Reason: "invalid To"}
 	amb := &provider.Outcome{Kind: provider.Ambiguous, Reason: "no response after the request was sent: timeout", MaybeAccepted: true}
+	optedOut := &provider.Outcome{Kind: provider.Permanent, HTTPStatus: 400, Code: 21610, Reason: "Attempt to send to unsubscribed recipient", OptedOut: true}
 
 	tests := []struct {
 		name string
@@ -101,6 +102,27 @@ func TestDecide(t *testing.T) {
 		{"an idempotent provider never looks up", with(fresh, func(f *facts) { f.canLookup, f.lookupPending, f.stale = true, true, true }), nil,
 			verdict{call: true}},
 		{"an unclassified outcome ends dead", fresh, &provider.Outcome{}, verdict{status: outbox.StatusDead, reason: "permanent", action: term, outcome: "permanent", letter: true}},
+
+		// The recipient opted out: never dead (the user got nothing, but
+		// by their own wish), the number to the list, no letter.
+		{"an opted-out refusal ends suppressed, the number to the list", fresh, optedOut,
+			verdict{status: outbox.StatusSuppressed, action: ack, outcome: "permanent", suppress: true}},
+		{"an opted-out refusal after a lost answer ends unknown, the number to the list", with(fresh, func(f *facts) { f.maybeAccepted = true }), optedOut,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, outcome: "permanent", letter: true, suppress: true}},
+		// A number on the list when claimed: never a call.
+		{"a claim run again after the number was listed ends suppressed, no call", with(fresh, func(f *facts) { f.suppressed = true }), nil,
+			verdict{status: outbox.StatusSuppressed, action: ack, refund: true}},
+		{"a suppressed number's row an attempt may have reached looks up, never calls", with(fresh, func(f *facts) {
+			f.suppressed, f.idempotent, f.canLookup, f.maybeAccepted = true, false, true, true
+		}), nil, verdict{lookup: true}},
+		{"the same at an idempotent provider that can be asked: looks up, never calls (the key's replay is a call)", with(fresh, func(f *facts) {
+			f.suppressed, f.canLookup, f.stale = true, true, true
+		}), nil, verdict{lookup: true}},
+		{"the same at a provider that cannot be asked ends unknown, never calls", with(fresh, func(f *facts) { f.suppressed, f.stale = true, true }), nil,
+			verdict{status: outbox.StatusUnknown, reason: "ambiguous", action: term, maybe: true, outcome: "ambiguous", letter: true, refund: true}},
+		{"the same, its lookup not due yet, waits", with(fresh, func(f *facts) {
+			f.suppressed, f.idempotent, f.canLookup, f.lookupPending, f.lookupWait = true, false, true, true, 3*time.Second
+		}), nil, verdict{status: outbox.StatusQueued, action: nak, delay: 3 * time.Second, lookupPending: true, refund: true, heldBack: "lookup_wait"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,6 +204,13 @@ func TestDecideLookup(t *testing.T) {
 	}
 	if v := decideAfterNone(f); !v.call || !v.notAccepted {
 		t.Errorf("decideAfterNone = %+v, want a call", v)
+	}
+	// None for a row whose number is on the suppression list: no earlier
+	// attempt reached the provider, and none is made now.
+	g = f
+	g.suppressed = true
+	if v := decideAfterNone(g); v.status != outbox.StatusSuppressed || v.call || !v.notAccepted || v.letter {
+		t.Errorf("decideAfterNone of a suppressed number's row = %+v, want suppressed, no call, mark cleared", v)
 	}
 }
 

@@ -2,8 +2,11 @@ package sender
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sendonce/sendonce/internal/outbox"
 )
 
 type metrics struct {
@@ -24,6 +27,7 @@ type metrics struct {
 	laneTaken       *prometheus.CounterVec
 	lookups         *prometheus.CounterVec
 	batchRows       *prometheus.HistogramVec
+	suppressed      *prometheus.CounterVec
 	// providerState, providerCalls and failovers are SMS_PROVIDERS' (routes.go).
 	providerState *prometheus.GaugeVec
 	providerCalls *prometheus.CounterVec
@@ -42,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		// attempts must not count messages finished without a call.
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_sender_decisions_total",
-			Help: "Messages finished without a provider call, by decision: ambiguous (an earlier attempt died mid-call at a provider without idempotency), max_attempts (budget spent), invalid (not a relay message), expired (its expires_at came before any call).",
+			Help: "Messages finished without a provider call, by decision: ambiguous (an earlier attempt died mid-call at a provider without idempotency), max_attempts (budget spent), invalid (not a relay message), expired (its expires_at came before any call), suppressed (its number is on the suppression list).",
 		}, []string{"decision"}),
 		heldBack: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sendonce_sender_held_back_total",
@@ -102,6 +106,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sendonce_sender_lookups_total",
 			Help: "Lookups of earlier attempts at a provider without idempotency, by result: found (settled from the provider's record), none (never accepted; sent again), several (sent more than once; unknown), failed (asked again later).",
 		}, []string{"result"}),
+		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sendonce_suppressed_messages_total",
+			Help: "Messages ended suppressed (never sent: the number is on the suppression list), by the source of the number's entry: inbound (the recipient's STOP), refusal (a provider refused a send as opted out: this message's own call, or an earlier one's), receipt, operator, import, app.",
+		}, []string{"source"}),
 		batchRows: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sendonce_sender_batch_rows",
 			Help:    "Rows in each claim and each status write (op claim, status_write): how well a busy sender batches (SENDER_CLAIM_LINGER, SENDER_WRITE_LINGER).",
@@ -113,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range []string{"sent", "retry", "rate_limited", "permanent", "ambiguous"} {
 		m.outcomes.WithLabelValues(o)
 	}
-	for _, d := range []string{"ambiguous", "max_attempts", "invalid", "expired"} {
+	for _, d := range []string{"ambiguous", "max_attempts", "invalid", "expired", "suppressed"} {
 		m.decisions.WithLabelValues(d)
 	}
 	for _, r := range []string{"permanent", "max_attempts", "ambiguous", "invalid"} {
@@ -132,15 +140,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"found", "none", "several", "failed"} {
 		m.lookups.WithLabelValues(r)
 	}
+	for _, src := range outbox.Sources {
+		m.suppressed.WithLabelValues(src)
+	}
 	routes := providerMetrics(m)
 	if reg != nil {
-		for _, c := range append([]prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.handedBack, m.lettersDeferred, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows}, routes...) {
+		for _, c := range append([]prometheus.Collector{m.outcomes, m.decisions, m.heldBack, m.deadLetters, m.providerSeconds, m.commitToSent, m.redeliveries, m.skipped, m.leased, m.handedBack, m.lettersDeferred, m.overtaken, m.dbRetries, m.dlqRetries, m.laneTaken, m.lookups, m.batchRows, m.suppressed}, routes...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("sender: register metrics: %w", err)
 			}
 		}
 	}
 	return m, nil
+}
+
+// suppressedRow counts a message ended suppressed, by its number's entry's
+// source (one of outbox.Sources; another is counted as operator), and, when
+// no call was made for it, as a decision.
+func (m *metrics) suppressedRow(source string, called bool) {
+	if !slices.Contains(outbox.Sources, source) {
+		source = outbox.SourceOperator
+	}
+	m.suppressed.WithLabelValues(source).Inc()
+	if !called {
+		m.decisions.WithLabelValues("suppressed").Inc()
+	}
 }
 
 // count records a verdict's class: a provider attempt's outcome when a call
