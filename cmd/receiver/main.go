@@ -6,7 +6,10 @@
 // Sinch's callback secret) and POST /v1/receipts/telnyx (Ed25519, under the
 // key pair whose public key Telnyx gives the account). A receipt moves its row forward only (to
 // delivered or undelivered, or an unknown one to sent), and is answered 2xx
-// once that is committed. It needs Postgres only.
+// once that is committed. Beside each, POST /v1/inbound/<provider> takes
+// the provider's inbound messages, signed the same way: a recipient's STOP
+// puts the number on the suppression list, a START lifts it. It needs
+// Postgres only.
 //
 // Every flag has an environment variable; run "receiver -h" for the list.
 package main
@@ -56,12 +59,12 @@ type config struct {
 func bind(s *envflag.Set, c *config) {
 	service.BindDatabase(s, &c.Database)
 	s.String(&c.addr, "receipts-addr", "RECEIPTS_ADDR", ":8088", "address the receipt endpoints listen on (the provider calls it)")
-	s.Secret(&c.secret, "sms-webhook-secret", "SMS_WEBHOOK_SECRET", "shared secret (at least 16 bytes) that signs generic receipts (Sendonce-Signature); enables /v1/receipts/generic")
+	s.Secret(&c.secret, "sms-webhook-secret", "SMS_WEBHOOK_SECRET", "shared secret (at least 16 bytes) that signs generic receipts (Sendonce-Signature); enables /v1/receipts/generic and /v1/inbound/generic (inbound messages, signed the same way)")
 	s.Secret(&c.previousSecret, "sms-webhook-secret-previous", "SMS_WEBHOOK_SECRET_PREVIOUS", "the secret being rotated out, accepted as well until the provider signs with the new one")
-	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "Twilio auth token that signs status callbacks (X-Twilio-Signature); enables /v1/receipts/twilio")
-	s.Secret(&c.vonageSecret, "vonage-signature-secret", "VONAGE_SIGNATURE_SECRET", "Vonage signature secret that signs Messages API status webhooks (a JWT in Authorization: Bearer); enables /v1/receipts/vonage")
-	s.Secret(&c.sinchSecret, "sinch-callback-secret", "SINCH_CALLBACK_SECRET", "Sinch callback secret that signs SMS delivery reports (X-Sinch-Webhook-Signature, an HMAC-SHA256 with a nonce and a timestamp; Sinch sets it up for the service plan); enables /v1/receipts/sinch")
-	s.String(&c.telnyxKey, "telnyx-public-key", "TELNYX_PUBLIC_KEY", "", "Telnyx public key (base64, from Telnyx's portal) that verifies the Ed25519 signatures of Messaging webhooks; enables /v1/receipts/telnyx")
+	s.Secret(&c.twilioToken, "twilio-auth-token", "TWILIO_AUTH_TOKEN", "Twilio auth token that signs status callbacks (X-Twilio-Signature); enables /v1/receipts/twilio and /v1/inbound/twilio (incoming messages, signed the same way)")
+	s.Secret(&c.vonageSecret, "vonage-signature-secret", "VONAGE_SIGNATURE_SECRET", "Vonage signature secret that signs Messages API status webhooks (a JWT in Authorization: Bearer); enables /v1/receipts/vonage and /v1/inbound/vonage (inbound messages, signed the same way)")
+	s.Secret(&c.sinchSecret, "sinch-callback-secret", "SINCH_CALLBACK_SECRET", "Sinch callback secret that signs SMS delivery reports (X-Sinch-Webhook-Signature, an HMAC-SHA256 with a nonce and a timestamp; Sinch sets it up for the service plan); enables /v1/receipts/sinch and /v1/inbound/sinch (MO messages, signed the same way)")
+	s.String(&c.telnyxKey, "telnyx-public-key", "TELNYX_PUBLIC_KEY", "", "Telnyx public key (base64, from Telnyx's portal) that verifies the Ed25519 signatures of Messaging webhooks; enables /v1/receipts/telnyx and /v1/inbound/telnyx (message.received, signed the same way)")
 	s.String(&c.publicURL, "receipts-public-url", "RECEIPTS_PUBLIC_URL", "", "this receiver's base URL as the provider calls it (Twilio signs the full URL); required with TWILIO_AUTH_TOKEN")
 	s.URL(&c.publicURL, "receipts-public-url", "http", "https")
 	s.String(&c.defaultProv, "receipts-default-provider", "RECEIPTS_DEFAULT_PROVIDER", "",

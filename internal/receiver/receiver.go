@@ -11,7 +11,10 @@
 // secret), POST /v1/receipts/sinch (Sinch's SMS delivery report per
 // recipient, signed with an HMAC under its callback secret) and POST
 // /v1/receipts/telnyx (Telnyx's Messaging webhook, signed with Ed25519 under
-// the account's key pair). A receipt is answered 2xx only once its effect is committed;
+// the account's key pair). Beside each, /v1/inbound/<provider> takes the
+// provider's inbound messages: a recipient's opt-out keyword (STOP) puts
+// the number on the suppression list, an opt-in (START) lifts it
+// (inbound.go). A receipt is answered 2xx only once its effect is committed;
 // receipts arriving together share one transaction (a batching window of a
 // few milliseconds), so a storm of receipts does not mean a commit each.
 package receiver
@@ -39,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/provider"
 )
 
 // MaxBody is the largest receipt accepted, in bytes.
@@ -217,23 +221,29 @@ func defaultProvider(cfg Config) (string, error) {
 // name none, "none" for none (Config.DefaultProvider).
 func (rv *Receiver) DefaultProvider() string { return rv.unnamed }
 
-// Handler serves the receipt endpoints.
+// Handler serves the receipt endpoints and, beside each, its provider's
+// inbound messages (inbound.go).
 func (rv *Receiver) Handler() http.Handler {
 	mux := http.NewServeMux()
 	if len(rv.cfg.Secrets) > 0 {
 		mux.HandleFunc("/v1/receipts/generic", rv.generic)
+		mux.HandleFunc("/v1/inbound/generic", rv.inboundGeneric)
 	}
 	if rv.cfg.TwilioToken != "" {
 		mux.HandleFunc("/v1/receipts/twilio", rv.twilio)
+		mux.HandleFunc("/v1/inbound/twilio", rv.inboundTwilio)
 	}
 	if len(rv.cfg.VonageSecret) > 0 {
 		mux.HandleFunc("/v1/receipts/vonage", rv.vonage)
+		mux.HandleFunc("/v1/inbound/vonage", rv.inboundVonage)
 	}
 	if len(rv.cfg.SinchSecret) > 0 {
 		mux.HandleFunc("/v1/receipts/sinch", rv.sinch)
+		mux.HandleFunc("/v1/inbound/sinch", rv.inboundSinch)
 	}
 	if len(rv.cfg.TelnyxPublicKey) > 0 {
 		mux.HandleFunc("/v1/receipts/telnyx", rv.telnyx)
+		mux.HandleFunc("/v1/inbound/telnyx", rv.inboundTelnyx)
 	}
 	return mux
 }
@@ -268,7 +278,7 @@ func reply(w http.ResponseWriter, code int, result string) {
 
 // readBody reads a receipt's body, at most MaxBody bytes; false when the
 // request was answered (too large, unreadable).
-func (rv *Receiver) readBody(w http.ResponseWriter, r *http.Request, source string) ([]byte, bool) {
+func (rv *Receiver) readBody(w http.ResponseWriter, r *http.Request, count func(result string)) ([]byte, bool) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		reply(w, http.StatusMethodNotAllowed, "method not allowed")
@@ -278,12 +288,12 @@ func (rv *Receiver) readBody(w http.ResponseWriter, r *http.Request, source stri
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			rv.metrics.count(source, "oversize")
-			reply(w, http.StatusBadRequest, "receipt larger than 64 KiB")
+			count("oversize")
+			reply(w, http.StatusBadRequest, "body larger than 64 KiB")
 			return nil, false
 		}
-		rv.metrics.count(source, "malformed")
-		reply(w, http.StatusBadRequest, "receipt body unreadable")
+		count("malformed")
+		reply(w, http.StatusBadRequest, "body unreadable")
 		return nil, false
 	}
 	return body, true
@@ -292,12 +302,12 @@ func (rv *Receiver) readBody(w http.ResponseWriter, r *http.Request, source stri
 // generic serves POST /v1/receipts/generic:
 // {"id":"msg_...","reference":"<row id>","status":"delivered"|"undelivered","code":30003,"at":"<RFC 3339>"}.
 func (rv *Receiver) generic(w http.ResponseWriter, r *http.Request) {
-	body, ok := rv.readBody(w, r, "generic")
+	body, ok := rv.readBody(w, r, rv.receipts("generic"))
 	if !ok {
 		return
 	}
 	if err := VerifyGeneric(rv.cfg.Secrets, r.Header.Get(HeaderSignature), body, rv.cfg.Now(), rv.cfg.Tolerance); err != nil {
-		rv.refuse(w, "generic", err)
+		rv.refuse(w, rv.receipts("generic"), err)
 		return
 	}
 	var g struct {
@@ -308,7 +318,7 @@ func (rv *Receiver) generic(w http.ResponseWriter, r *http.Request) {
 		At        string      `json:"at"`
 	}
 	if err := json.Unmarshal(body, &g); err != nil {
-		rv.malformed(w, "generic", "receipt is not the expected JSON")
+		rv.malformed(w, rv.receipts("generic"), "receipt is not the expected JSON")
 		return
 	}
 	rc := outbox.Receipt{Source: "generic", ProviderRef: plainRef(g.ID)}
@@ -320,13 +330,13 @@ func (rv *Receiver) generic(w http.ResponseWriter, r *http.Request) {
 	case "accepted", "queued", "sent":
 		rc.Status = outbox.StatusSent
 	default:
-		rv.malformed(w, "generic", "status must be delivered or undelivered")
+		rv.malformed(w, rv.receipts("generic"), "status must be delivered or undelivered")
 		return
 	}
 	if g.Code != "" {
 		n, err := g.Code.Int64()
 		if err != nil || n < 0 || n >= 1<<31 {
-			rv.malformed(w, "generic", "code must be a non-negative integer")
+			rv.malformed(w, rv.receipts("generic"), "code must be a non-negative integer")
 			return
 		}
 		rc.Code = int(n)
@@ -334,7 +344,7 @@ func (rv *Receiver) generic(w http.ResponseWriter, r *http.Request) {
 	if g.At != "" {
 		at, err := time.Parse(time.RFC3339Nano, g.At)
 		if err != nil {
-			rv.malformed(w, "generic", "at must be an RFC 3339 time")
+			rv.malformed(w, rv.receipts("generic"), "at must be an RFC 3339 time")
 			return
 		}
 		rc.At = at
@@ -345,18 +355,18 @@ func (rv *Receiver) generic(w http.ResponseWriter, r *http.Request) {
 // twilio serves POST /v1/receipts/twilio?ref=<row id>, Twilio's status
 // callback: form fields MessageSid, MessageStatus, ErrorCode.
 func (rv *Receiver) twilio(w http.ResponseWriter, r *http.Request) {
-	body, ok := rv.readBody(w, r, "twilio")
+	body, ok := rv.readBody(w, r, rv.receipts("twilio"))
 	if !ok {
 		return
 	}
 	params, err := parseForm(body)
 	if err != nil {
-		rv.malformed(w, "twilio", "body is not a form")
+		rv.malformed(w, rv.receipts("twilio"), "body is not a form")
 		return
 	}
 	full := strings.TrimRight(rv.cfg.PublicURL, "/") + r.URL.RequestURI()
 	if err := VerifyTwilio(rv.cfg.TwilioToken, full, params, r.Header.Get(HeaderTwilioSignature)); err != nil {
-		rv.refuse(w, "twilio", err)
+		rv.refuse(w, rv.receipts("twilio"), err)
 		return
 	}
 	rc := outbox.Receipt{Source: "twilio", ProviderRef: plainRef(params.Get("MessageSid"))}
@@ -446,18 +456,23 @@ func classify(res outbox.ReceiptResult) string {
 	return "unchanged"
 }
 
-func (rv *Receiver) refuse(w http.ResponseWriter, source string, err error) {
+func (rv *Receiver) refuse(w http.ResponseWriter, count func(result string), err error) {
 	result := "forged"
 	if errors.Is(err, ErrStale) {
 		result = "stale"
 	}
-	rv.metrics.count(source, result)
+	count(result)
 	reply(w, http.StatusUnauthorized, err.Error())
 }
 
-func (rv *Receiver) malformed(w http.ResponseWriter, source, why string) {
-	rv.metrics.count(source, "malformed")
+func (rv *Receiver) malformed(w http.ResponseWriter, count func(result string), why string) {
+	count("malformed")
 	reply(w, http.StatusBadRequest, why)
+}
+
+// receipts counts a result of a receipt from source.
+func (rv *Receiver) receipts(source string) func(result string) {
+	return func(result string) { rv.metrics.count(source, result) }
 }
 
 // write queues rc for the next batch and waits for its commit.
@@ -531,8 +546,10 @@ func (rv *Receiver) commit(ctx context.Context, batch []*pending) ([]outbox.Rece
 		dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rv.cfg.DBTimeout)
 		err := pgx.BeginFunc(dbCtx, rv.cfg.Pool, func(tx pgx.Tx) error {
 			var err error
-			res, err = outbox.ApplyReceipts(dbCtx, tx, rs)
-			return err
+			if res, err = outbox.ApplyReceipts(dbCtx, tx, rs); err != nil {
+				return err
+			}
+			return suppressReceipted(dbCtx, tx, rs, res)
 		})
 		cancel()
 		if err == nil {
@@ -551,6 +568,21 @@ func (rv *Receiver) commit(ctx context.Context, batch []*pending) ([]outbox.Rece
 		}
 		time.Sleep(d)
 	}
+}
+
+// suppressReceipted puts on the suppression list, in the receipts'
+// transaction, the numbers of the rows whose receipts (taken, not refused)
+// carry their provider's code for a recipient who opted out
+// (provider.OptedOutCode: Vonage's 1240, Telnyx's 40300, 21610).
+func suppressReceipted(ctx context.Context, tx pgx.Tx, rs []outbox.Receipt, res []outbox.ReceiptResult) error {
+	var ids []uuid.UUID
+	var provs, reasons []string
+	for i, rc := range rs {
+		if res[i].Found && res[i].Refused == "" && provider.OptedOutCode(rc.Source, rc.Code) {
+			ids, provs, reasons = append(ids, rc.ID), append(provs, rc.Source), append(reasons, fmt.Sprintf("code %d", rc.Code))
+		}
+	}
+	return outbox.SuppressReceipted(ctx, tx, ids, provs, reasons)
 }
 
 // plainRef returns a provider's message id fit to store, or "" when it is

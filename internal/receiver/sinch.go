@@ -66,15 +66,15 @@ func VerifySinch(secret []byte, h http.Header, body []byte, now time.Time, toler
 // {"type":"recipient_delivery_report_sms","batch_id","recipient","code",
 // "status","at","client_reference"}, the row found by client_reference
 // (the sender sends the row id). Batch-level reports ("delivery_report_sms",
-// counts without recipients) and inbound messages are answered and
-// ignored: they name no single message.
+// counts without recipients) are answered and ignored: they name no single
+// message. An inbound message (mo_text) is taken as at /v1/inbound/sinch.
 func (rv *Receiver) sinch(w http.ResponseWriter, r *http.Request) {
-	body, ok := rv.readBody(w, r, "sinch")
+	body, ok := rv.readBody(w, r, rv.receipts("sinch"))
 	if !ok {
 		return
 	}
 	if err := VerifySinch(rv.cfg.SinchSecret, r.Header, body, rv.cfg.Now(), rv.cfg.Tolerance); err != nil {
-		rv.refuse(w, "sinch", err)
+		rv.refuse(w, rv.receipts("sinch"), err)
 		return
 	}
 	var v struct {
@@ -84,9 +84,16 @@ func (rv *Receiver) sinch(w http.ResponseWriter, r *http.Request) {
 		Status          string      `json:"status"`
 		Code            json.Number `json:"code"`
 		At              string      `json:"at"`
+		From            string      `json:"from"`
+		Body            string      `json:"body"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
-		rv.malformed(w, "sinch", "receipt is not the expected JSON")
+		rv.malformed(w, rv.receipts("sinch"), "receipt is not the expected JSON")
+		return
+	}
+	if v.Type == "mo_text" || v.Type == "mo_binary" {
+		// A service plan's callback URL gets its inbound messages too.
+		rv.sinchKeyword(w, r, sinchInbound{Type: v.Type, From: v.From, Body: v.Body})
 		return
 	}
 	if v.Type != "recipient_delivery_report_sms" {
@@ -122,7 +129,7 @@ func (rv *Receiver) sinch(w http.ResponseWriter, r *http.Request) {
 	if v.At != "" {
 		at, err := time.Parse(time.RFC3339Nano, v.At)
 		if err != nil {
-			rv.malformed(w, "sinch", "at must be an ISO 8601 time")
+			rv.malformed(w, rv.receipts("sinch"), "at must be an ISO 8601 time")
 			return
 		}
 		rc.At = at

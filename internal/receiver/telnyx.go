@@ -75,12 +75,12 @@ func VerifyTelnyx(pub ed25519.PublicKey, signature, timestamp string, body []byt
 // the signature covers the body); the request's own URL is not signed, so
 // its query is not trusted.
 func (rv *Receiver) telnyx(w http.ResponseWriter, r *http.Request) {
-	body, ok := rv.readBody(w, r, "telnyx")
+	body, ok := rv.readBody(w, r, rv.receipts("telnyx"))
 	if !ok {
 		return
 	}
 	if err := VerifyTelnyx(rv.cfg.TelnyxPublicKey, r.Header.Get(HeaderTelnyxSignature), r.Header.Get(HeaderTelnyxTimestamp), body, rv.cfg.Now(), rv.cfg.Tolerance); err != nil {
-		rv.refuse(w, "telnyx", err)
+		rv.refuse(w, rv.receipts("telnyx"), err)
 		return
 	}
 	var v struct {
@@ -101,7 +101,17 @@ func (rv *Receiver) telnyx(w http.ResponseWriter, r *http.Request) {
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
-		rv.malformed(w, "telnyx", "webhook is not the expected JSON")
+		rv.malformed(w, rv.receipts("telnyx"), "webhook is not the expected JSON")
+		return
+	}
+	if v.Data.EventType == "message.received" {
+		// A messaging profile's webhook URL gets its inbound messages too.
+		var m telnyxInbound
+		if err := json.Unmarshal(body, &m); err != nil {
+			rv.malformed(w, rv.inbound("telnyx"), "webhook is not the expected JSON")
+			return
+		}
+		rv.telnyxKeyword(w, r, m)
 		return
 	}
 	p := v.Data.Payload
@@ -145,7 +155,7 @@ func (rv *Receiver) telnyx(w http.ResponseWriter, r *http.Request) {
 	if v.Data.OccurredAt != "" {
 		at, err := time.Parse(time.RFC3339Nano, v.Data.OccurredAt)
 		if err != nil {
-			rv.malformed(w, "telnyx", "occurred_at must be an ISO 8601 time")
+			rv.malformed(w, rv.receipts("telnyx"), "occurred_at must be an ISO 8601 time")
 			return
 		}
 		rc.At = at

@@ -209,7 +209,12 @@ func TestTelnyxReceipts(t *testing.T) {
 	if n := f.evidence(untouched); n != 0 {
 		t.Errorf("refused and ignored webhooks left %d evidence rows", n)
 	}
-	for result, want := range map[string]float64{"applied": 4, "unchanged": 1, "settled_unknown": 1, "unknown_reference": 3, "ignored": 1, "forged": 4, "stale": 2} {
+	// The inbound message is taken as one (a profile's webhook URL gets
+	// both): no keyword, nothing kept.
+	if n := f.inboundCount("telnyx", "ignored"); n != 1 {
+		t.Errorf("sendonce_inbound_total{source=telnyx,result=ignored} = %v, want 1", n)
+	}
+	for result, want := range map[string]float64{"applied": 4, "unchanged": 1, "settled_unknown": 1, "unknown_reference": 3, "ignored": 0, "forged": 4, "stale": 2} {
 		if got := f.count("telnyx", result); got != want {
 			t.Errorf("sendonce_receipts_total{source=telnyx,result=%s} = %v, want %v", result, got, want)
 		}

@@ -89,12 +89,12 @@ func VerifyVonage(secret []byte, authorization string, body []byte, now time.Tim
 // "channel","client_ref","error":{"type","title","detail"}}, the row found
 // by client_ref (the sender sends the row id).
 func (rv *Receiver) vonage(w http.ResponseWriter, r *http.Request) {
-	body, ok := rv.readBody(w, r, "vonage")
+	body, ok := rv.readBody(w, r, rv.receipts("vonage"))
 	if !ok {
 		return
 	}
 	if err := VerifyVonage(rv.cfg.VonageSecret, r.Header.Get(HeaderVonageAuthorization), body, rv.cfg.Now(), rv.cfg.Tolerance); err != nil {
-		rv.refuse(w, "vonage", err)
+		rv.refuse(w, rv.receipts("vonage"), err)
 		return
 	}
 	var v struct {
@@ -109,7 +109,7 @@ func (rv *Receiver) vonage(w http.ResponseWriter, r *http.Request) {
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
-		rv.malformed(w, "vonage", "receipt is not the expected JSON")
+		rv.malformed(w, rv.receipts("vonage"), "receipt is not the expected JSON")
 		return
 	}
 	if v.Channel != "" && v.Channel != "sms" {
@@ -140,7 +140,7 @@ func (rv *Receiver) vonage(w http.ResponseWriter, r *http.Request) {
 	if v.Timestamp != "" {
 		at, err := time.Parse(time.RFC3339Nano, v.Timestamp)
 		if err != nil {
-			rv.malformed(w, "vonage", "timestamp must be an ISO 8601 time")
+			rv.malformed(w, rv.receipts("vonage"), "timestamp must be an ISO 8601 time")
 			return
 		}
 		rc.At = at
