@@ -50,6 +50,7 @@ func commands() []command {
 		{"setup", "", "create or update the JetStream streams, consumers and flow bucket (admin NATS credentials), then exit", runSetup},
 		{"dlq", "list|replay [flags]", "list dead letters, or put dead and unknown rows back to pending", opsCommand("dlq")},
 		{"trace", "ID", "show a row (number masked), its attempts, receipts, lookups and dead letters", opsCommand("trace")},
+		{"suppress", "add|remove|list|check|import", "the suppression list: numbers no provider is called for", runSuppress},
 		{"resolve", "-id ID | -all [-dry-run]", "look unknown rows up at the provider and settle them", runResolve},
 		{"console", "[user NAME ROLE]", "serve the operator console on CONSOLE_ADDR (or print a users-file line)", runConsole},
 		{"scram-verifier", "< PASSWORD", "print the PostgreSQL SCRAM-SHA-256 verifier of the password read on stdin (deploy/postgres/logins.sh)", runScramVerifier},

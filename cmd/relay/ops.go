@@ -469,6 +469,18 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 	if row.MaybeAccepted {
 		fmt.Fprintln(out, "  maybe taken   yes: an attempt may have reached the provider (a lost answer, a 5xx, or a sender that died mid-call)")
 	}
+	sup, err := outbox.SuppressionOf(ctx, conn, id)
+	if err != nil {
+		return err
+	}
+	switch {
+	case sup != nil && row.Status == outbox.StatusSuppressed:
+		fmt.Fprintf(out, "  suppressed    never sent: the number is on the suppression list (%s)\n", sup.Describe())
+	case sup != nil:
+		fmt.Fprintf(out, "  suppressed    the number is on the suppression list (%s): no call is made for it\n", sup.Describe())
+	case row.Status == outbox.StatusSuppressed:
+		fmt.Fprintln(out, "  suppressed    never sent: the number was on the suppression list when the row was claimed (it has been removed since: relay suppress check)")
+	}
 	if row.LookupPending {
 		fmt.Fprintf(out, "  lookup        pending: the provider is asked about the last attempt before anything else (%d lookups failed)\n", row.Lookups)
 	}

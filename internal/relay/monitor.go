@@ -85,6 +85,8 @@ var monitorMetrics = []struct {
 	{"sendonce_outbox_receipts_overdue_rows", "Sent rows whose delivery receipt is overdue (SENDER_RECEIPT_OVERDUE) and that the senders' sweep is still looking up; counted up to a cap.", nil},
 	{"sendonce_outbox_oldest_receipt_overdue_age_seconds", "Time since the oldest sent row whose receipt is overdue, and still looked up, was sent (0 when none).", nil},
 	{"sendonce_outbox_rows_estimated", "1 when sendonce_outbox_rows for the status is the planner's estimate (the count reached its cap).", []string{"status"}},
+	{"sendonce_suppression_list_entries", "Numbers on the suppression list (no provider is called for them), by the source of their entry (inbound, refusal, receipt, operator, import, app); counted up to a cap.", []string{"source"}},
+	{"sendonce_suppression_list_estimated", "1 when sendonce_suppression_list_entries reached its cap: the list is larger than the counts say.", nil},
 	{"sendonce_table_live_rows", "Live row versions of a sendonce table, from pg_stat_user_tables.", []string{"table"}},
 	{"sendonce_table_dead_rows", "Dead row versions of a sendonce table waiting for vacuum, from pg_stat_user_tables.", []string{"table"}},
 	{"sendonce_table_last_vacuum_timestamp_seconds", "Unix time of the end of the table's last vacuum, manual or automatic (0: never).", []string{"table"}},
@@ -137,6 +139,7 @@ func NewMonitor(cfg MonitorConfig) (*Monitor, error) {
 		{name: "rows", run: m.rows},
 		{name: "receipts_overdue", run: m.receiptsOverdue},
 		{name: "tables", run: m.tables},
+		{name: "suppressions", run: m.suppressions},
 		{name: "transactions", run: age("sendonce_postgres_oldest_transaction_age_seconds", outbox.OldestTransactionAge)},
 	}
 	if cfg.JetStream != nil {
@@ -225,6 +228,24 @@ func (m *Monitor) receiptsOverdue(ctx context.Context) ([]sample, error) {
 		{metric: "sendonce_outbox_receipts_overdue_rows", value: float64(n)},
 		{metric: "sendonce_outbox_oldest_receipt_overdue_age_seconds", value: age.Seconds()},
 	}, nil
+}
+
+// suppressions counts the suppression list by source, reading at most
+// CountCap of its entries.
+func (m *Monitor) suppressions(ctx context.Context) ([]sample, error) {
+	counts, capped, err := outbox.CountSuppressions(ctx, m.cfg.Pool, m.cfg.CountCap)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sample, 0, len(counts)+1)
+	for _, src := range outbox.Sources {
+		out = append(out, sample{metric: "sendonce_suppression_list_entries", value: float64(counts[src]), labels: []string{src}})
+	}
+	estimated := 0.0
+	if capped {
+		estimated = 1
+	}
+	return append(out, sample{metric: "sendonce_suppression_list_estimated", value: estimated}), nil
 }
 
 func (m *Monitor) tables(ctx context.Context) ([]sample, error) {

@@ -60,6 +60,9 @@ func TestMonitor(t *testing.T) {
 	// Unknown rows are never purged, so they are not "finished" for the
 	// retention gauge.
 	exec(`UPDATE sms_outbox SET status = 'unknown', updated_at = now() - interval '30 days' WHERE id = $1`, ids[4])
+	exec(`SELECT sendonce_suppress_inbound('+15550009991', 'twilio', 'STOP', false)`)
+	exec(`SELECT sendonce_suppress_inbound('+15550009992', 'vonage', 'STOP', false)`)
+	exec(`SELECT sendonce_suppress_add('{+15550009993}', 'operator', 'complaint', 'alice')`)
 
 	reg := prometheus.NewRegistry()
 	mon, err := relay.NewMonitor(relay.MonitorConfig{Pool: e.pool, JetStream: e.js, Registerer: reg, Logger: testLogger(t)})
@@ -89,7 +92,11 @@ func TestMonitor(t *testing.T) {
 	within("sendonce_consumer_max_ack_pending{"+streams.Consumer+","+streams.Stream+"}", 1, 1e9)
 	within("sendonce_outbox_receipts_overdue_rows{}", 0, 0)
 	within("sendonce_outbox_oldest_receipt_overdue_age_seconds{}", 0, 0)
-	for _, m := range []string{"oldest_pending", "oldest_inflight", "oldest_finished", "rows", "receipts_overdue", "tables", "transactions", "streams"} {
+	within("sendonce_suppression_list_entries{inbound}", 2, 2)
+	within("sendonce_suppression_list_entries{operator}", 1, 1)
+	within("sendonce_suppression_list_entries{refusal}", 0, 0)
+	within("sendonce_suppression_list_estimated{}", 0, 0)
+	for _, m := range []string{"oldest_pending", "oldest_inflight", "oldest_finished", "rows", "receipts_overdue", "tables", "suppressions", "transactions", "streams"} {
 		within("sendonce_measure_up{"+m+"}", 1, 1)
 		within("sendonce_measure_last_success_timestamp_seconds{"+m+"}", float64(time.Now().Add(-time.Minute).Unix()), float64(time.Now().Unix()+1))
 	}
