@@ -94,8 +94,9 @@ type Config struct {
 	// overview counts every status exactly; above it, the bulk statuses
 	// (sent and later) are estimates. Default DefaultExactBelow.
 	ExactBelow int64
-	// PageSize is how many dead letters a page lists, and a bound of one
-	// replay's selection; default DefaultPageSize.
+	// PageSize is how many dead letters (or suppression-list entries) a
+	// page lists, and a bound of one replay's selection; default
+	// DefaultPageSize.
 	PageSize int
 	// TrustedProxies are the proxies (addresses and prefixes) whose
 	// X-Forwarded-For names the client: for a request from one of them,
@@ -207,7 +208,7 @@ func New(cfg Config) (*Console, error) {
 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"login", "overview", "deadletters", "replay", "message", "search", "error"} {
+	for _, name := range []string{"login", "overview", "deadletters", "replay", "message", "search", "suppressions", "error"} {
 		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)
@@ -231,6 +232,10 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("POST /dead-letters/replay", c.authed(c.operator(c.replay)))
 	mux.HandleFunc("GET /messages", c.authed(c.search))
 	mux.HandleFunc("GET /messages/{id}", c.authed(c.message))
+	mux.HandleFunc("GET /suppressions", c.authed(c.suppressions))
+	mux.HandleFunc("POST /suppressions/check", c.authed(c.suppressionCheck))
+	mux.HandleFunc("POST /suppressions/add", c.authed(c.operator(c.suppressionChange(false))))
+	mux.HandleFunc("POST /suppressions/remove", c.authed(c.operator(c.suppressionChange(true))))
 	mux.HandleFunc("/", c.authed(func(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, http.StatusNotFound, "No such page.")
 	}))

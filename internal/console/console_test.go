@@ -57,6 +57,7 @@ var users = sync.OnceValue(func() []console.User {
 type fixture struct {
 	t     testing.TB
 	owner *pgxpool.Pool
+	pool  *pgxpool.Pool // the console's, as sendonce_console
 	js    jetstream.JetStream
 	srv   *httptest.Server
 	logs  *testkit.Buffer
@@ -98,7 +99,7 @@ func setupWith(t testing.TB, change func(*console.Config)) *fixture {
 	}
 	srv := httptest.NewServer(con.Handler())
 	t.Cleanup(srv.Close)
-	return &fixture{t: t, owner: owner, js: js, srv: srv, logs: logs, con: con}
+	return &fixture{t: t, owner: owner, pool: pool, js: js, srv: srv, logs: logs, con: con}
 }
 
 // client does not follow redirects, so a test sees them.

@@ -54,8 +54,8 @@ func (c *Console) authed(h func(http.ResponseWriter, *http.Request, *session)) h
 func (c *Console) operator(h func(http.ResponseWriter, *http.Request, *session)) func(http.ResponseWriter, *http.Request, *session) {
 	return func(w http.ResponseWriter, r *http.Request, s *session) {
 		if s.user.Role != RoleOperator {
-			c.log.WarnContext(r.Context(), "console: viewer's replay refused", "user", s.user.Name, "remote", c.remote(r))
-			c.fail(w, r, s, http.StatusForbidden, "Only an operator may replay.")
+			c.log.WarnContext(r.Context(), "console: viewer's change refused", "user", s.user.Name, "path", r.URL.Path, "remote", c.remote(r))
+			c.fail(w, r, s, http.StatusForbidden, "Only an operator may replay or change the suppression list.")
 			return
 		}
 		h(w, r, s)
@@ -640,13 +640,16 @@ func (c *Console) search(w http.ResponseWriter, r *http.Request, s *session) {
 
 // messageView is a message page's data.
 type messageView struct {
-	Row        outbox.MaskedMessage
-	Attempts   []outbox.Attempt
-	Letters    []deadletter.Letter
-	LettersErr string
-	Replays    []outbox.ConsoleReplay
-	Evidence   []outbox.Evidence
-	Events     []event
+	Row outbox.MaskedMessage
+	// Suppression is the entry of the message's number on the
+	// suppression list, nil when it is not on it.
+	Suppression *outbox.SuppressionEntry
+	Attempts    []outbox.Attempt
+	Letters     []deadletter.Letter
+	LettersErr  string
+	Replays     []outbox.ConsoleReplay
+	Evidence    []outbox.Evidence
+	Events      []event
 }
 
 // count returns how many of v's receipts and lookups are of kind.
@@ -680,6 +683,10 @@ func (c *Console) message(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	if err != nil {
 		c.internal(w, r, s, "read the message", err)
+		return
+	}
+	if v.Suppression, err = outbox.SuppressionOf(ctx, c.cfg.Pool, id); err != nil {
+		c.internal(w, r, s, "read the suppression of the message's number", err)
 		return
 	}
 	if v.Attempts, err = outbox.Attempts(ctx, c.cfg.Pool, id); err != nil {
