@@ -124,16 +124,30 @@
 // messages (default 50, at most 1000); next_page_uri leads to the next, null
 // on the last. Faults.LookupFailRate fails a list with 500.
 //
+// # Opt-outs and inbound messages
+//
+// A number the stub is told a recipient opted out of (OptOut) gets 400
+// code CodeOptedOut (21610, Twilio's "Attempt to send to unsubscribed
+// recipient") at both APIs, nothing delivered (a key already taken still
+// gets its replay), until OptIn. SendInbound forwards a recipient's reply
+// to the receiver's inbound endpoint, signed as each API signs them: the
+// generic JSON {"id","from","to","text"} with Sendonce-Signature under
+// Receipts.Secret, or Twilio's incoming-message form with
+// X-Twilio-Signature under the auth token. An opt-out keyword sent in
+// Twilio's shape also opts the number out, and an opt-in lifts it, as
+// Twilio's own keyword handling does.
+//
 // # Admin API
 //
 // The admin endpoints are unauthenticated; bind the stub to loopback.
 //
 //	GET  /admin/deliveries  {"<key>":{"to":"+1555…","deliveries":1,"requests":2,"provider_id":"msg_…","expires_at":"…"}}
 //	GET  /admin/taken       {"<key>":"2030-01-02T03:04:05.678901234Z"}: when the request of the key's last delivery arrived
-//	GET  /admin/stats       {"requests":N,"deliveries":N,"replays":N,"conflicts":N,"mismatches":N,"failures":N,"rate_limited":N,"withheld":N,"expired":N,"keys":N}
-//	POST /admin/reset       clears deliveries, stored responses and counters (204); faults are kept
+//	GET  /admin/stats       {"requests":N,"deliveries":N,"replays":N,"conflicts":N,"mismatches":N,"failures":N,"rate_limited":N,"withheld":N,"expired":N,"opted_out":N,"keys":N}
+//	POST /admin/reset       clears deliveries, stored responses, opt-outs and counters (204); faults are kept
 //	GET  /admin/faults      the faults in force, as a Faults JSON object
 //	POST /admin/faults      replaces the faults with the posted Faults JSON object and returns the result
+//	POST /admin/inbound     {"url","shape","from","to","text"}: SendInbound it; answers {"status":<the receiver's>}
 //	GET  /healthz           200 "ok"
 //
 // The generic API never stores or exposes a message body (only hashes of

@@ -56,6 +56,11 @@ const (
 	// Twilio's code for a message whose validity period ran out before
 	// Twilio sent it ("Validity Period Expired").
 	CodeExpired = 30036
+	// CodeOptedOut accompanies 400 when the recipient opted out (OptOut,
+	// or a STOP sent through SendInbound to the Twilio facade): Twilio's
+	// 21610, "Attempt to send to unsubscribed recipient". Nothing is
+	// delivered.
+	CodeOptedOut = 21610
 )
 
 // Delivery is what the stub knows about one idempotency key. It never
@@ -113,6 +118,9 @@ type Stats struct {
 	// Expired counts requests refused because their expires_at had passed
 	// when they arrived (400 code CodeExpired).
 	Expired int64 `json:"expired"`
+	// OptedOut counts requests refused because their recipient opted out
+	// (400 code CodeOptedOut).
+	OptedOut int64 `json:"opted_out"`
 	// Keys is the number of distinct idempotency keys seen.
 	Keys int64 `json:"keys"`
 	// Dropped counts requests lost before they were taken (DropRate).
@@ -165,6 +173,8 @@ type Server struct {
 	// compared whole by their users.
 	takenAt map[string]time.Time
 	stats   Stats
+	// optedOut are the numbers whose messages are refused (OptOut).
+	optedOut map[string]bool
 	// receipts is the receipts configuration; byRef the messages accepted
 	// per reference, for lookups.
 	receipts Receipts
@@ -266,6 +276,7 @@ func New(cfg Config) (*Server, error) {
 		entries:        make(map[string]*entry),
 		records:        make(map[string]*Delivery),
 		takenAt:        make(map[string]time.Time),
+		optedOut:       make(map[string]bool),
 		receipts:       receipts,
 		byRef:          make(map[string][]*message),
 		twilio:         tw,
@@ -289,6 +300,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /admin/reset", s.handleReset)
 	mux.HandleFunc("GET /admin/faults", s.handleGetFaults)
 	mux.HandleFunc("POST /admin/faults", s.handleSetFaults)
+	mux.HandleFunc("POST /admin/inbound", s.handleInbound)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
@@ -387,6 +399,7 @@ func (s *Server) Reset() {
 	s.takenAt = make(map[string]time.Time)
 	s.byRef = make(map[string][]*message)
 	s.twilioMsgs = nil
+	s.optedOut = make(map[string]bool)
 	s.stats = Stats{}
 	s.mu.Unlock()
 	s.log.Info("state reset")
@@ -431,6 +444,7 @@ const (
 	msgInProgress  = "a request with this Idempotency-Key is in progress"
 	msgMismatch    = "Idempotency-Key reused with a different request body"
 	msgExpired     = "message expired before it was taken: expires_at had passed when the request arrived"
+	msgOptedOut    = "Attempt to send to unsubscribed recipient"
 )
 
 func (s *Server) handleMessage(w http.ResponseWriter, r *http.Request) {
@@ -587,6 +601,15 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 		s.mu.Unlock()
 		s.logOutcome(ctx, "expired", http.StatusBadRequest, "")
 		sh.writeError(w, http.StatusBadRequest, CodeExpired, msgExpired)
+		return
+	}
+	// A recipient who opted out gets nothing, as at a provider that
+	// blocks opted-out numbers; likewise after the cache.
+	if s.optedOut[msg.To] {
+		s.stats.OptedOut++
+		s.mu.Unlock()
+		s.logOutcome(ctx, "opted_out", http.StatusBadRequest, "")
+		sh.writeError(w, http.StatusBadRequest, CodeOptedOut, msgOptedOut)
 		return
 	}
 	if cached {

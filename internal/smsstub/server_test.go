@@ -698,7 +698,7 @@ func TestAdminEndpoints(t *testing.T) {
 	if err := json.Unmarshal([]byte(getRaw(t, s.url+"/admin/stats")), &statFields); err != nil {
 		t.Fatal(err)
 	}
-	if got := keysOf(statFields); got != "conflicts,deliveries,dropped,expired,failures,keys,lookup_failures,lookups,mismatches,over_limit,rate_limited,receipt_failures,receipts_given_up,receipts_lost,receipts_sent,replays,requests,withheld" {
+	if got := keysOf(statFields); got != "conflicts,deliveries,dropped,expired,failures,keys,lookup_failures,lookups,mismatches,opted_out,over_limit,rate_limited,receipt_failures,receipts_given_up,receipts_lost,receipts_sent,replays,requests,withheld" {
 		t.Errorf("stats fields %s", got)
 	}
 
