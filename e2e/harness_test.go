@@ -149,6 +149,9 @@ type senderOptions struct {
 	// twilio sends through the Twilio adapter, to the stub's Twilio facade
 	// (the env's stub needs smsstub.Config.Twilio with testTwilio).
 	twilio bool
+	// pool, when set, is the sender's database pool (a role's); default
+	// the env's, as the table's owner.
+	pool *pgxpool.Pool
 }
 
 // testTwilio is the stub's Twilio account for the Twilio adapter's tests.
@@ -180,6 +183,9 @@ func (e *env) startSender(o senderOptions) func() {
 	_, js := e.nats.Connect(e.t)
 	cfg := o.cfg
 	cfg.Pool, cfg.JetStream, cfg.Logger = e.pool, js, e.logger()
+	if o.pool != nil {
+		cfg.Pool = o.pool
+	}
 	if cfg.Provider == nil {
 		cfg.Provider = prov
 	}
