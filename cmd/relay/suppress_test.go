@@ -150,3 +150,32 @@ func TestTraceShowsASuppression(t *testing.T) {
 		t.Errorf("trace shows the number:\n%s", out)
 	}
 }
+
+// A suppressed row is never replayed, even -force'd: the number's entry
+// stands, and the refusal says so.
+func TestReplayRefusesASuppressedRow(t *testing.T) {
+	t.Parallel()
+	o := setupOps(t)
+	ctx := context.Background()
+	var id uuid.UUID
+	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = outbox.Enqueue(ctx, tx, "+15557654322", "the secret body")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.ApplyInbound(ctx, o.pool, store.Inbound{Number: "+15557654322", Provider: "sinch", Keyword: "QUIT"}); err != nil {
+		t.Fatal(err)
+	}
+	if claims, err := store.ClaimForSend(ctx, o.pool, []uuid.UUID{id}, nil, time.Minute, uuid.New()); err != nil || claims[0].Result != store.Suppressed {
+		t.Fatalf("claim: %+v, %v", claims, err)
+	}
+	code, out, _ := o.run(t, "dlq", "replay", "-id", id.String(), "-force")
+	if code == 0 || !strings.Contains(out, "refused: suppressed") || !strings.Contains(out, "never replayed") {
+		t.Errorf("replay of a suppressed row: exit %d\n%s", code, out)
+	}
+	if st, _ := outbox.Status(ctx, o.pool, id); st.Status != outbox.StatusSuppressed {
+		t.Errorf("the row is %s after the refused replay", st.Status)
+	}
+}

@@ -278,8 +278,12 @@ func matches(t ReplayTarget, gen int32, reason string) bool {
 
 func refusal(s State) string {
 	switch s {
-	case StatusSent:
+	case StatusSent, StatusDelivered, StatusUndelivered:
 		return "already sent"
+	case StatusSuppressed:
+		return "suppressed: its number was on the suppression list, and a suppressed message is never replayed (relay suppress check; a new message is sent once the number is off the list)"
+	case StatusExpired, StatusCancelled:
+		return fmt.Sprintf("%s before any call: never replayed", s)
 	}
 	return fmt.Sprintf("still in flight (%s)", s)
 }
