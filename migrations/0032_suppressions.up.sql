@@ -5,8 +5,8 @@
 -- SMS_PROVIDERS, reached the person who opted out. sendonce sees every
 -- provider, so it keeps one list, and no provider is called for a number
 -- on it: the row ends 'suppressed' (0030's status), decided where the
--- row is claimed, in the claim's own statement, and refused by this
--- table's trigger to any claim that skips the rule (a stolen sender
+-- row is claimed, in the claim's own statement, and skipped by this
+-- table's trigger for any claim that skips the rule (a stolen sender
 -- login included).
 --
 -- sms_suppressions holds a number (the domain of sms_outbox.to_e164,
@@ -46,10 +46,14 @@
 -- The forward-only trigger (0031) learns the list:
 -- 1. a claim (any move into sending, by any role but the owner) of a row
 --    whose number is on the list and that no earlier attempt may have
---    reached is refused: the senders' claim ends such a row suppressed
---    itself, so this refuses only a statement that skipped the rule. A
---    row an earlier attempt may have reached is still claimed, to be
---    looked up and never called (the sender's rule, as for expiry).
+--    reached is skipped (the row is left as it is, as for a row not yet
+--    due or past its expiry, 0031): the senders' claim ends such a row
+--    suppressed itself, so this stops only a statement that skipped the
+--    rule, or a claim that read the list a moment before a STOP
+--    committed (its next claim ends the row). A row an earlier attempt
+--    may have reached is still claimed, to be looked up and never called
+--    (the sender's rule, as for expiry). Evidence moves a suppressed row
+--    to sent, delivered or undelivered, as an expired one (0031).
 -- 2. the sender's moves pending, queued -> suppressed (its claim: the
 --    number on the list, no mark of doubt) and sending -> suppressed (a
 --    provider refused the call as opted out, or a lookup found that no
@@ -347,12 +351,29 @@ $$;
 CREATE OR REPLACE FUNCTION sms_outbox_forward_only() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    move text := OLD.status || ' -> ' || NEW.status;
+    move text;
     doubt boolean := OLD.maybe_accepted OR OLD.lookup_pending OR OLD.lookup_everywhere OR OLD.status = 'sending';
     due boolean := NEW.expires_at IS NOT NULL AND NEW.expires_at <= pg_catalog.clock_timestamp();
-    owner boolean;
-    listed boolean := false;
+    listed boolean;
 BEGIN
+    -- The claim, once a message, first: a row not yet due, or past its
+    -- expiry, or to a number on the suppression list (one probe of the
+    -- list's key; the statement sees what committed before it began,
+    -- later than the claim's own read of the list), with no mark of doubt,
+    -- is skipped for every role but the owner: the row is left as it is,
+    -- as if another claim held it, and the rest of the statement goes on.
+    -- The senders' claim ends such rows itself; the next claim ends a row
+    -- suppressed meanwhile.
+    IF NEW.status = 'sending' AND OLD.status IN ('pending', 'queued') THEN
+        listed := EXISTS (SELECT 1 FROM sms_suppressions s WHERE s.number OPERATOR(pg_catalog.=) NEW.to_e164);
+        IF ((NEW.send_at IS NOT NULL AND NEW.send_at > pg_catalog.clock_timestamp()) OR ((due OR listed) AND NOT doubt))
+           AND NOT pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER') THEN
+            RETURN NULL;
+        END IF;
+        IF pg_catalog.pg_has_role(current_user, 'sendonce_sender', 'USAGE') THEN
+            RETURN NEW;
+        END IF;
+    END IF;
     -- The table's CHECK would refuse it too, with the whole row in its
     -- detail.
     IF NEW.status = 'dead' AND NEW.maybe_accepted THEN
@@ -372,36 +393,23 @@ BEGIN
     IF NEW.status = 'pending' THEN
         NEW.attempt_count := 0;
     END IF;
-    IF NEW.status IN ('sending', 'suppressed') THEN
-        owner := pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER');
-        IF NOT owner THEN
-            -- One entry of the list's key. This statement sees what
-            -- committed before it began, later than the claim's own read
-            -- of the list: a number suppressed in between refuses the
-            -- claim (sms_outbox_no_call_to_suppressed), which the sender
-            -- runs again at once, and which then ends the row suppressed.
-            listed := EXISTS (SELECT 1 FROM sms_suppressions s WHERE s.number OPERATOR(pg_catalog.=) NEW.to_e164);
+    -- Any other move into sending (none a component makes): the same rule.
+    IF NEW.status = 'sending' THEN
+        listed := coalesce(listed, EXISTS (SELECT 1 FROM sms_suppressions s WHERE s.number OPERATOR(pg_catalog.=) NEW.to_e164));
+        IF ((NEW.send_at IS NOT NULL AND NEW.send_at > pg_catalog.clock_timestamp()) OR ((due OR listed) AND NOT doubt))
+           AND NOT pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER') THEN
+            RETURN NULL;
         END IF;
     END IF;
-    IF NEW.status = 'sending' AND NOT owner THEN
-        IF NEW.send_at IS NOT NULL AND NEW.send_at > pg_catalog.clock_timestamp() THEN
-            RAISE EXCEPTION 'sms_outbox: no call before send_at: the row may not be claimed yet'
-                USING ERRCODE = 'check_violation', TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
-        END IF;
-        IF due AND NOT doubt THEN
-            RAISE EXCEPTION 'sms_outbox: no call at or after expires_at: the row is expired, not claimed'
-                USING ERRCODE = 'check_violation', TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
-        END IF;
-        IF listed AND NOT doubt THEN
-            RAISE EXCEPTION 'sms_outbox: no call to a number on the suppression list: the row is suppressed, not claimed'
-                USING ERRCODE = 'check_violation', CONSTRAINT = 'sms_outbox_no_call_to_suppressed',
-                      TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
-        END IF;
-    END IF;
-    IF NEW.status = 'suppressed' AND NOT owner AND NOT listed THEN
+    -- Only a row whose number is on the list is suppressed (the owner's
+    -- functions decide their own).
+    IF NEW.status = 'suppressed'
+       AND NOT EXISTS (SELECT 1 FROM sms_suppressions s WHERE s.number OPERATOR(pg_catalog.=) NEW.to_e164)
+       AND NOT pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER') THEN
         RAISE EXCEPTION 'sms_outbox: only a row whose number is on the suppression list is suppressed'
             USING ERRCODE = 'check_violation', TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
     END IF;
+    move := OLD.status || ' -> ' || NEW.status;
     IF (move IN ('pending -> sending', 'queued -> sending',
                  'sending -> queued', 'sending -> dead', 'sending -> unknown',
                  'unknown -> dead', 'dead -> unknown',
@@ -411,7 +419,10 @@ BEGIN
                  'sending -> suppressed')
         OR (move IN ('pending -> expired', 'queued -> expired') AND due AND NOT doubt)
         OR (move = 'sending -> expired' AND due)
-        OR (move IN ('pending -> suppressed', 'queued -> suppressed') AND NOT doubt))
+        OR (move IN ('pending -> suppressed', 'queued -> suppressed') AND NOT doubt)
+        OR move IN ('expired -> sent', 'expired -> delivered', 'expired -> undelivered',
+                    'cancelled -> sent', 'cancelled -> delivered', 'cancelled -> undelivered',
+                    'suppressed -> sent', 'suppressed -> delivered', 'suppressed -> undelivered'))
        AND pg_catalog.pg_has_role(current_user, 'sendonce_sender', 'USAGE') THEN
         RETURN NEW;
     END IF;
@@ -421,16 +432,17 @@ BEGIN
         OR (move IN ('queued -> dead', 'queued -> unknown', 'sending -> dead', 'sending -> unknown')
             AND NEW.attempt_count >= NEW.max_attempts)
         OR (move = 'scheduled -> pending' AND NEW.send_at <= pg_catalog.clock_timestamp())
-        OR (move IN ('scheduled -> expired', 'pending -> expired', 'queued -> expired') AND due AND NOT doubt))
+        OR (move IN ('scheduled -> expired', 'pending -> expired', 'queued -> expired') AND due AND NOT doubt
+            AND OLD.attempt_count = 0))
        AND pg_catalog.pg_has_role(current_user, 'sendonce_relay', 'USAGE') THEN
         RETURN NEW;
     END IF;
-    IF coalesce(owner, pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER')) THEN
+    IF pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'MEMBER') THEN
         RETURN NEW;
     END IF;
     RAISE EXCEPTION 'sms_outbox: % may not move a row from % to %', current_user, OLD.status, NEW.status
         USING ERRCODE = 'check_violation',
-              DETAIL = 'Statuses move forward only, and each move only by the component that makes it (migration 0018); the relay ends only a row whose attempts are spent (migration 0026); a row expires only at its expiry, with no attempt that may have been taken (migration 0031); a row is suppressed only while its number is on the suppression list (migration 0032).';
+              DETAIL = 'Statuses move forward only, and each move only by the component that makes it (migration 0018); the relay ends only a row whose attempts are spent (migration 0026), and expires only one no attempt was counted for (migration 0031); a row expires only at its expiry, and is suppressed only while its number is on the suppression list, with no attempt that may have been taken (migrations 0031, 0032).';
 END;
 $$;
 

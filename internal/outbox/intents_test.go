@@ -78,16 +78,19 @@ func TestAnEarlyExpiredResultWaitsForTheExpiry(t *testing.T) {
 	exp := time.Now().Add(time.Hour)
 	exec(t, pool, `ALTER TABLE sms_outbox DISABLE TRIGGER sms_outbox_immutable_intent`)
 	exec(t, pool, `UPDATE sms_outbox SET expires_at = $2 WHERE id = $1`, early, exp)
-	exec(t, pool, `UPDATE sms_outbox SET expires_at = now() + interval '50 milliseconds' WHERE id = $1`, due)
+	exec(t, pool, `UPDATE sms_outbox SET expires_at = now() + interval '2 seconds' WHERE id = $1`, due)
 	exec(t, pool, `ALTER TABLE sms_outbox ENABLE TRIGGER sms_outbox_immutable_intent`)
 	a, b := claimOne(t, pool, early, uuid.New()), claimOne(t, pool, due, uuid.New())
-	time.Sleep(100 * time.Millisecond)
+	if a.Result != outbox.Claimed || b.Result != outbox.Claimed {
+		t.Fatalf("claims: %v, %v; want both claimed before their expiry", a.Result, b.Result)
+	}
+	time.Sleep(time.Until(b.ExpiresAt) + 100*time.Millisecond)
 	sender := rolePool(t, url, "sendonce_sender")
 	written := write(t, sender, false,
 		outbox.Result{ID: early, Status: outbox.StatusExpired, Token: a.Token, Refund: true, Attempt: a.Attempt, Error: "expired"},
 		outbox.Result{ID: due, Status: outbox.StatusExpired, Token: b.Token, Refund: true, Attempt: b.Attempt, Error: "expired"})
 	if len(written) != 2 {
-		t.Fatalf("written %v, want both rows", written)
+		t.Fatalf("written %v, want both rows (early %s: %+v, due %s: %+v)", written, early, status(t, pool, early), due, status(t, pool, due))
 	}
 	var st string
 	var next time.Time

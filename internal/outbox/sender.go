@@ -206,7 +206,7 @@ WITH cur AS (
 	       -- Past its expiry with no attempt that may have been taken: the
 	       -- claim ends it expired rather than sending (I10), unless its
 	       -- delivery says a claim may be lost (below).
-	       o.status IN ('pending', 'queued') AND o.expires_at <= clock_timestamp()
+	       o.status IN ('pending', 'queued') AND coalesce(o.expires_at <= clock_timestamp(), false)
 	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS expires_due,
 	       -- The number's entry on the suppression list (one probe of its
 	       -- key), if any: an unmarked row ends suppressed rather than

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sendonce/sendonce/internal/safetext"
 )
@@ -58,21 +57,6 @@ func AnalyzeSuppressions(ctx context.Context, q Querier) error {
 		return fmt.Errorf("outbox: analyze the suppression list: %w", err)
 	}
 	return nil
-}
-
-// ConstraintNoCallToSuppressed names the trigger's refusal of a claim of a
-// row whose number is on the list (migration 0032). The senders' claim
-// ends such rows itself; it meets the refusal only when a number went on
-// the list between its own read of the list and the trigger's, and then
-// runs again (SuppressedMeanwhile).
-const ConstraintNoCallToSuppressed = "sms_outbox_no_call_to_suppressed"
-
-// SuppressedMeanwhile reports whether err is a claim refused because a
-// number it claimed went on the suppression list while it ran: the same
-// claim run again ends that row suppressed.
-func SuppressedMeanwhile(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == ConstraintNoCallToSuppressed
 }
 
 // Suppression asks a status write to put the row's number on the

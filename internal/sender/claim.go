@@ -250,7 +250,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 // database stamped, whatever the round trip took.
 func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Delivery, provs outbox.Providers) ([]outbox.Claim, time.Time, bool) {
 	token := uuid.New()
-	for failures, raced := 0, 0; ; {
+	for failures := 0; ; {
 		deadline := time.Now().Add(s.cfg.Lease)
 		dbCtx, cancel := context.WithTimeout(hold, s.cfg.DBTimeout)
 		claims, err := outbox.ClaimForSendTo(dbCtx, s.cfg.Pool, ids, from, s.cfg.Lease, token, provs)
@@ -271,14 +271,6 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Deli
 			}
 			return claims, deadline, true
 		}
-		if outbox.SuppressedMeanwhile(err) && raced < maxSuppressedRaces {
-			// A number went on the suppression list while the claim ran
-			// (the database refused to claim its row): the same claim,
-			// run again at once, ends that row suppressed.
-			raced++
-			s.log.Debug("a number was suppressed while the claim ran; claiming again", "messages", len(ids))
-			continue
-		}
 		failures++
 		s.health.claimFailed()
 		s.metrics.dbRetries.WithLabelValues("claim").Inc()
@@ -292,11 +284,6 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Deli
 		}
 	}
 }
-
-// maxSuppressedRaces bounds the claims run again at once because a number
-// went on the suppression list while they ran; past it, the claim is
-// tried again as after any failure.
-const maxSuppressedRaces = 3
 
 // deliveryOf names the delivery of md (zero when its metadata could not be
 // read), for the row's record of its claim.
