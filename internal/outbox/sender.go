@@ -862,11 +862,11 @@ WHERE o.id = v.id
            -- written over any unfinished status, over unknown, and (an
            -- answer that a row's dead contradicts) over dead; a delivery
            -- report over sent; never over delivered or undelivered.
-           -- (Over expired and cancelled too: a failover can lose the
+           -- (Over expired, cancelled and suppressed too: a failover can lose the
            -- writes that showed an attempt, and the row then ended as if
            -- none had been made.)
-           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled')
-           WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent', 'expired', 'cancelled')
+           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled', 'suppressed')
+           WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent', 'expired', 'cancelled', 'suppressed')
            ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
   -- Suppressed only while the number is on the list (the trigger's rule):
   -- one an operator removed since the claim is put back (requeueUnlisted).
@@ -933,7 +933,7 @@ UPDATE sms_outbox o
 SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref), last_error = NULL, end_reason = NULL,
     lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled')
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled', 'suppressed')
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
 	applySendsNamedSQL = `
 WITH locked AS (
@@ -944,7 +944,7 @@ SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref),
     lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp(),
     provider = coalesce(nullif(v.prov, ''), o.provider)
 FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, ref, prov) JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled')
+WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled', 'suppressed')
 RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
 )
 
