@@ -26,21 +26,30 @@ type intent struct {
 	calls int
 }
 
-// intents shows what a user sees of intents and time: a form posted twice
-// sends one code, a reminder waits for its hour, a code that expired
-// before it could be sent is never sent, and a cancelled message is taken
-// back. It prints one line, and fails if any ends otherwise or costs a call
+// intents shows what a user sees of intents, time and consent: a form
+// posted twice sends one code, a reminder waits for its hour, a code that
+// expired before it could be sent is never sent, a cancelled message is
+// taken back, and a number that replied STOP is never messaged. It prints one line, and fails if any ends otherwise or costs a call
 // it must not.
-func (d *demo) intents(ctx context.Context, pool *pgxpool.Pool, stubURL string) error {
+func (d *demo) intents(ctx context.Context, pool *pgxpool.Pool, stubURL, receiverURL string) error {
 	start := time.Now()
 	to := func() string { return fmt.Sprintf("+1555%07d", rand.IntN(10_000_000)) }
+	// A recipient replies STOP (to a message of the first act, say): the
+	// provider forwards the reply, signed, to the receiver, which puts the
+	// number on the suppression list before it answers.
+	stopped := to()
+	status, err := smsstub.PostInbound(ctx, stubURL, smsstub.Inbound{
+		URL: receiverURL + "/v1/inbound/generic", Shape: "generic", From: stopped, To: "+15550000000", Text: "STOP"})
+	if err != nil || status/100 != 2 {
+		return fmt.Errorf("intents: a STOP through the receiver: %d, %v", status, err)
+	}
 	var (
 		list       []*intent
 		twice      [2]uuid.UUID
 		created    [2]bool
 		reminderID uuid.UUID
 	)
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The same sign-up form posted twice.
 		key, number := "demo-signup:"+uuid.NewString(), to()
 		for i := range twice {
@@ -72,6 +81,12 @@ func (d *demo) intents(ctx context.Context, pool *pgxpool.Pool, stubURL string) 
 			return err
 		}
 		list = append(list, &intent{what: "booking for tomorrow, cancelled", id: id, want: outbox.StatusCancelled})
+		// A message to the number that replied STOP.
+		id, err = outbox.Enqueue(ctx, tx, stopped, "Your sendonce demo newsletter")
+		if err != nil {
+			return err
+		}
+		list = append(list, &intent{what: "to a number that replied STOP", id: id, want: outbox.StatusSuppressed})
 		return nil
 	})
 	if err != nil {

@@ -197,7 +197,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.summary(ctx, pool, ids, counts, stubURL, wall); err != nil {
 		return err
 	}
-	if err := d.intents(ctx, pool, stubURL); err != nil {
+	if err := d.intents(ctx, pool, stubURL, receiverURL); err != nil {
 		return err
 	}
 	if consoleURL != "" && d.terminal() {

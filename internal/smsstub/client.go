@@ -59,6 +59,23 @@ func PostFaults(ctx context.Context, baseURL string, f Faults) (Faults, error) {
 	return out, nil
 }
 
+// PostInbound has the stub forward a recipient's reply to the receiver,
+// signed (POST /admin/inbound), and returns the status the receiver
+// answered.
+func PostInbound(ctx context.Context, baseURL string, in Inbound) (int, error) {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return 0, fmt.Errorf("smsstub: encode inbound: %w", err)
+	}
+	var out struct {
+		Status int `json:"status"`
+	}
+	if err := adminCall(ctx, http.MethodPost, baseURL, "/admin/inbound", body, http.StatusOK, &out); err != nil {
+		return 0, err
+	}
+	return out.Status, nil
+}
+
 // PostReset clears the stub's deliveries, stored responses and counters
 // (POST /admin/reset).
 func PostReset(ctx context.Context, baseURL string) error {
