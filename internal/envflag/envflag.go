@@ -10,10 +10,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sendonce/sendonce/internal/build"
 	"io"
 	"net/url"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -384,39 +384,7 @@ func asksVersion(args []string) bool {
 	return false
 }
 
-// Version describes the running build as the Go toolchain recorded it (go
-// version -m shows the same): the module version (a tag, a pseudo-version
-// or "(devel)" for a build from a work tree), the VCS revision and time,
-// whether the tree was modified, and the Go version.
-func Version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(build information unavailable)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	var rev, at, modified string
-	for _, st := range bi.Settings {
-		switch st.Key {
-		case "vcs.revision":
-			rev = st.Value
-		case "vcs.time":
-			at = st.Value
-		case "vcs.modified":
-			modified = st.Value
-		}
-	}
-	out := v
-	if rev != "" {
-		out += ", revision " + rev
-		if at != "" {
-			out += " (" + at + ")"
-		}
-		if modified == "true" {
-			out += ", modified"
-		}
-	}
-	return out + ", " + bi.GoVersion
-}
+// Version describes the running build (internal/build): the module
+// version, the VCS revision and time, whether the tree was modified, and
+// the Go version.
+func Version() string { return build.Read().String() }

@@ -1,9 +1,11 @@
 package telemetry
 
 import (
-	"runtime/debug"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sendonce/sendonce/internal/build"
 )
 
 // BuildInfo returns the gauge sendonce_build_info, always 1, whose labels
@@ -12,23 +14,16 @@ import (
 // the tree was modified, and the Go version. During a rolling upgrade it
 // shows which processes run which release.
 func BuildInfo() prometheus.Collector {
-	version, revision, modified, goVersion := "unknown", "unknown", "false", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		version, goVersion = bi.Main.Version, bi.GoVersion
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				revision = s.Value
-			case "vcs.modified":
-				modified = s.Value
-			}
-		}
+	b := build.Read()
+	revision := b.Revision
+	if revision == "" {
+		revision = "unknown"
 	}
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sendonce_build_info",
 		Help: "Always 1; the labels name the running build (module version, VCS revision, Go version).",
 		ConstLabels: prometheus.Labels{
-			"version": version, "revision": revision, "modified": modified, "goversion": goVersion,
+			"version": b.Version, "revision": revision, "modified": strconv.FormatBool(b.Modified), "goversion": b.Go,
 		},
 	})
 	g.Set(1)
