@@ -103,6 +103,12 @@ func TestReceiptsAndLookup(t *testing.T) {
 	if b := byRef["ref-b"]; len(b) != 6 || b[0] != "undelivered" {
 		t.Errorf("receipts of ref-b: %v", b)
 	}
+	// The stub counts a receipt once the sink's answer is back, a moment
+	// after the sink has it.
+	testkit.WaitFor(t, 10*time.Second, "the stub's count of 9 receipts", func() bool {
+		st, d := s.Stats(), s.Deliveries()
+		return st.ReceiptsSent == 9 && d["ref-a"].ReceiptAcked && d["ref-b"].ReceiptAcked
+	})
 	if st := s.Stats(); st.ReceiptsSent != 9 || st.Lookups != 3 || k.forged != 0 || st.ReceiptsGivenUp != 0 {
 		t.Errorf("stats %+v, forged %d", st, k.forged)
 	}
