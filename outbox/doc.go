@@ -182,7 +182,7 @@ It cannot read the table itself: not another row's status, number or body.
 
 An application in another language writes the same row itself:
 
-	INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3);  -- $1: a random UUID
+	INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3);  -- $1: a UUID, version 7 best (it sorts by time)
 	SELECT status, provider_ref, last_error FROM sendonce_status($1);
 
 with, if it wants them, the columns priority, idempotency_key, send_at and

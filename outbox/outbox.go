@@ -298,7 +298,7 @@ func nullTime(t time.Time) any {
 
 // keyed maps the error of a keyed write: a unique violation there is the
 // key naming another message (sendonce_enqueue raises it; an id collision
-// of two random UUIDs does not happen).
+// of two minted UUIDs does not happen).
 func keyed(err error) error {
 	var st interface{ SQLState() string }
 	if errors.As(err, &st) && st.SQLState() == "23505" {
@@ -479,12 +479,14 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message, opts ...Option
 	return ids, nil
 }
 
-// newID validates a message and mints its id.
+// newID validates a message and mints its id: a version 7 UUID, which
+// sorts by the time it was minted, so that a new row lands on the right
+// edge of the primary key however large the table is.
 func newID(to, body string) (uuid.UUID, error) {
 	if err := Validate(to, body); err != nil {
 		return uuid.Nil, err
 	}
-	id, err := uuid.NewRandom()
+	id, err := uuid.NewV7()
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: mint id: %w", err)
 	}

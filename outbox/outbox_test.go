@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -237,6 +238,13 @@ func TestEnqueueBatch(t *testing.T) {
 		}
 		return err
 	})
+	// Version 7, in the order minted: each batch lands on the right edge
+	// of the primary key.
+	for i, id := range ids {
+		if id.Version() != 7 || i > 0 && bytes.Compare(id[:], ids[i-1][:]) <= 0 {
+			t.Fatalf("id %d is %s (version %d) after %s: want version 7 ids, ascending", i, id, id.Version(), ids[max(i-1, 0)])
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
