@@ -86,7 +86,7 @@ func (b *bench) bareRows(ctx context.Context, n int) error {
 			return nil, nil
 		}
 		i++
-		return []any{uuid.New(), fmt.Sprintf("+1555%07d", i%10_000_000),
+		return []any{rowID(), fmt.Sprintf("+1555%07d", i%10_000_000),
 			fmt.Sprintf("Your sendonce bench code is %06d. It expires in 10 minutes.", i%1_000_000)}, nil
 	})
 	if _, err := b.pool.CopyFrom(ctx, pgx.Identifier{bareSchema, "outbox"}, []string{"id", "phone", "body"}, src); err != nil {

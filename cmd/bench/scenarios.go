@@ -155,7 +155,7 @@ func (b *bench) drainPipeline(ctx context.Context, rep *report, d pipeDrain) (si
 	pool, table := b.pool, "sms_outbox"
 	t := time.Now()
 	if d.at != nil {
-		e.dbURL, pool, table = d.at.url, d.at.pool, d.at.table
+		e.dbURL, pool, table = d.at.url, d.at.pool, d.at.sideRows()
 		if err := d.at.empty(ctx); err != nil {
 			return sideResult{}, err
 		}

@@ -68,29 +68,57 @@ type outboxAt struct {
 	pool  *pgxpool.Pool
 	table string
 	// keepXmin is the transaction id of the rows the outbox keeps between
-	// sides (its scheduled rows).
+	// sides (its scheduled rows, or its history).
 	keepXmin string
+	// keepLogs keeps the attempts and evidence of the kept rows too (the
+	// history's); otherwise the logs are emptied whole.
+	keepLogs bool
+	// lastKept is the greatest id of the kept rows: a side's rows, minted
+	// later (rowID), have greater ones, so a side's reads of its own rows
+	// take them by a range of the primary key, never the kept ones.
+	lastKept string
+}
+
+// sideRows is an expression naming the rows of a side in o, for the
+// bench's reads: `FROM ` + o.sideRows() + ` WHERE status = ...`.
+func (o *outboxAt) sideRows() string {
+	if o.lastKept == "" {
+		return o.table
+	}
+	return "(SELECT * FROM " + o.table + " WHERE id > '" + o.lastKept + "'::uuid) AS side"
 }
 
 // empty deletes every row but the kept ones, with the attempts log and
 // the evidence, and vacuums the outbox so that the next side's rows find
 // the space the last side's left, as in a table whose rows come and go.
 func (o *outboxAt) empty(ctx context.Context) error {
-	if _, err := o.pool.Exec(ctx, `TRUNCATE sms_evidence, sms_attempts`); err != nil {
+	vacuum := `VACUUM sms_outbox`
+	if o.keepLogs {
+		// The delete takes the side's attempts and evidence with its
+		// rows (ON DELETE CASCADE), by their outbox_id index.
+		vacuum = `VACUUM sms_outbox, sms_attempts, sms_evidence`
+	} else if _, err := o.pool.Exec(ctx, `TRUNCATE sms_evidence, sms_attempts`); err != nil {
 		return fmt.Errorf("empty %s: %w", o.table, err)
 	}
-	if _, err := o.pool.Exec(ctx, `DELETE FROM sms_outbox WHERE xmin <> $1::text::xid`, o.keepXmin); err != nil {
+	del := `DELETE FROM sms_outbox WHERE xmin <> $1::text::xid`
+	args := []any{o.keepXmin}
+	if o.lastKept != "" {
+		del, args = `DELETE FROM sms_outbox WHERE id > $1::uuid`, []any{o.lastKept}
+	}
+	if _, err := o.pool.Exec(ctx, del, args...); err != nil {
 		return fmt.Errorf("empty %s: %w", o.table, err)
 	}
-	if _, err := o.pool.Exec(ctx, `VACUUM sms_outbox`); err != nil {
+	if _, err := o.pool.Exec(ctx, vacuum); err != nil {
 		return fmt.Errorf("vacuum %s: %w", o.table, err)
 	}
 	return nil
 }
 
-// future is the outbox with the scheduled rows.
+// future is an outbox in a schema of its own with rows loaded once, kept
+// between sides: the scheduled rows, or the history.
 type future struct {
-	at outboxAt
+	at     outboxAt
+	schema string
 	// rows is how many were loaded, in load.
 	rows int
 	load time.Duration
@@ -111,18 +139,25 @@ func withSearchPath(u, schema string) (string, error) {
 
 // setupFuture migrates futureSchema and loads its scheduled rows with one
 // INSERT ... SELECT generate_series: status scheduled, send_at spread
-// over the 24 hours starting a day from now. It then vacuums and analyzes
-// the table (as autovacuum would have done since) and checkpoints, so that
-// the load leaves no dirty buffers behind.
+// over the 24 hours starting a day from now.
 func (b *bench) setupFuture(ctx context.Context) (*future, error) {
+	return b.setupKept(ctx, futureSchema, "schedule", fmt.Sprintf("%d rows scheduled for tomorrow", b.cfg.scheduledRows), b.cfg.scheduledRows, false, loadScheduled)
+}
+
+// setupKept migrates the product's tables into schema and loads n rows
+// with load, which returns the loading transaction's id. It then vacuums
+// and analyzes the tables (as autovacuum would have done since) and
+// checkpoints, so that the load leaves no dirty buffers behind.
+func (b *bench) setupKept(ctx context.Context, schema, tag, what string, n int, keepLogs bool,
+	load func(context.Context, *pgxpool.Pool, int) (string, error)) (*future, error) {
 	c := b.cfg
-	if err := b.dropFuture(ctx, nil); err != nil {
+	if err := b.dropFuture(ctx, &future{schema: schema}); err != nil {
 		return nil, err
 	}
-	if _, err := b.pool.Exec(ctx, `CREATE SCHEMA `+futureSchema); err != nil {
-		return nil, fmt.Errorf("create schema %s: %w", futureSchema, err)
+	if _, err := b.pool.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+		return nil, fmt.Errorf("create schema %s: %w", schema, err)
 	}
-	u, err := withSearchPath(c.databaseURL, futureSchema)
+	u, err := withSearchPath(c.databaseURL, schema)
 	if err != nil {
 		return nil, err
 	}
@@ -139,20 +174,23 @@ func (b *bench) setupFuture(ctx context.Context) (*future, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &future{at: outboxAt{url: u, pool: pool, table: futureSchema + ".sms_outbox"}, rows: c.scheduledRows}
-	b.logf("[schedule] loading %d rows scheduled for tomorrow into %s", f.rows, f.at.table)
+	f := &future{at: outboxAt{url: u, pool: pool, table: schema + ".sms_outbox", keepLogs: keepLogs}, schema: schema, rows: n}
+	b.logf("[%s] loading %s into %s", tag, what, f.at.table)
 	t := time.Now()
-	if f.at.keepXmin, err = loadScheduled(ctx, pool, f.rows); err != nil {
+	if f.at.keepXmin, err = load(ctx, pool, f.rows); err != nil {
 		return f, err
 	}
 	f.load = time.Since(t)
+	if err := pool.QueryRow(ctx, `SELECT id::text FROM sms_outbox ORDER BY id DESC LIMIT 1`).Scan(&f.at.lastKept); err != nil {
+		return f, fmt.Errorf("read the last loaded id: %w", err)
+	}
 	t = time.Now()
-	for _, q := range []string{`VACUUM (ANALYZE) sms_outbox`, `CHECKPOINT`} {
+	for _, q := range []string{`VACUUM (ANALYZE) sms_outbox, sms_attempts, sms_evidence`, `CHECKPOINT`} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			return f, fmt.Errorf("%s: %w", q, err)
 		}
 	}
-	b.logf("[schedule] %d scheduled rows loaded in %s; vacuumed, analyzed and checkpointed in %s", f.rows, f.load.Round(time.Millisecond), since(t))
+	b.logf("[%s] %d rows loaded in %s; vacuumed, analyzed and checkpointed in %s", tag, f.rows, f.load.Round(time.Millisecond), since(t))
 	return f, nil
 }
 
@@ -164,7 +202,12 @@ func loadScheduled(ctx context.Context, pool *pgxpool.Pool, n int) (string, erro
 	var xmin string
 	err := pool.QueryRow(ctx, `WITH loaded AS (
 			INSERT INTO sms_outbox (id, to_e164, body, status, send_at)
-			SELECT gen_random_uuid(), '+1555' || lpad((g % 10000000)::text, 7, '0'),
+			SELECT -- a version 7 UUID of the load's time, as the outbox mints them
+			       pg_catalog.encode(pg_catalog.set_bit(pg_catalog.set_bit(overlay(
+			           pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+			           PLACING substring(pg_catalog.int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+			           FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
+			       '+1555' || lpad((g % 10000000)::text, 7, '0'),
 			       'Your sendonce bench reminder ' || g || ' is tomorrow.', 'scheduled',
 			       now() + interval '1 day' + (g * 86400.0 / $1) * interval '1 second'
 			FROM generate_series(1, $1::int) AS g
@@ -177,13 +220,16 @@ func loadScheduled(ctx context.Context, pool *pgxpool.Pool, n int) (string, erro
 	return xmin, nil
 }
 
-// dropFuture drops futureSchema and closes f's pool, if any.
+// dropFuture drops f's schema and closes its pool, if any.
 func (b *bench) dropFuture(ctx context.Context, f *future) error {
-	if f != nil && f.at.pool != nil {
+	if f == nil {
+		return nil
+	}
+	if f.at.pool != nil {
 		f.at.pool.Close()
 	}
-	if _, err := b.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+futureSchema+` CASCADE`); err != nil {
-		return fmt.Errorf("drop schema %s: %w", futureSchema, err)
+	if _, err := b.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+f.schema+` CASCADE`); err != nil {
+		return fmt.Errorf("drop schema %s: %w", f.schema, err)
 	}
 	return nil
 }
@@ -211,7 +257,9 @@ func (u untouchedCheck) touched() int64 { return u.Changed + u.Locked }
 func (b *bench) checkUntouched(ctx context.Context, f *future) (untouchedCheck, error) {
 	u := untouchedCheck{Rows: int64(f.rows)}
 	var loaded int64
-	err := f.at.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE xmax <> '0'::xid)
+	// The load's own transaction may have locked its rows (the foreign
+	// keys of the history's attempts and receipts do).
+	err := f.at.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE xmax <> '0'::xid AND xmax <> $1::text::xid)
 		FROM sms_outbox WHERE xmin = $1::text::xid`, f.at.keepXmin).Scan(&loaded, &u.Locked)
 	if err != nil {
 		return u, fmt.Errorf("check the scheduled rows: %w", err)
@@ -609,7 +657,7 @@ func (b *bench) lateness(ctx context.Context, rep *report, f *future) (*lateness
 	}
 	writeEnd := time.Now()
 	cpu := b.sampleCPU().since(cpu0)
-	if err := b.waitSent(ctx, e, name, f.at.table, total+len(ids), begin, nil); err != nil {
+	if err := b.waitSent(ctx, e, name, f.at.sideRows(), total+len(ids), begin, nil); err != nil {
 		return nil, err
 	}
 	mem := b.memories()
@@ -626,7 +674,7 @@ func (b *bench) lateness(ctx context.Context, rep *report, f *future) (*lateness
 	}
 	sentAt := map[uuid.UUID]time.Time{}
 	updated := make(map[uuid.UUID]time.Time, total)
-	rows, _ := b.pool.Query(ctx, `SELECT id, updated_at, sent_at FROM `+f.at.table+` WHERE status = 'sent'`)
+	rows, _ := b.pool.Query(ctx, `SELECT id, updated_at, sent_at FROM `+f.at.sideRows()+` WHERE status = 'sent'`)
 	var id uuid.UUID
 	var at time.Time
 	var sent *time.Time
@@ -674,7 +722,7 @@ func (b *bench) writeDue(ctx context.Context, pool *pgxpool.Pool, written time.T
 	n := c.dueRows
 	ids, sendAt := make([]uuid.UUID, n), make([]time.Time, n)
 	for i := range n {
-		ids[i] = uuid.New()
+		ids[i] = rowID()
 		sendAt[i] = written.Add(dueLead + time.Duration(float64(c.dueSpread)*float64(i)/float64(n))).Truncate(time.Microsecond)
 	}
 	i := 0
