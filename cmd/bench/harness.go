@@ -137,6 +137,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	if c.selected["schedule"] {
 		errs = append(errs, b.schedule(ctx, rep)...)
 	}
+	if c.selected["history"] {
+		errs = append(errs, b.history(ctx, rep)...)
+	}
 	steps := []step{
 		{"latency", b.latency},
 		{"scaleout", b.scaleOut},

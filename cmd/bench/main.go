@@ -27,6 +27,12 @@
 //	          then rows that come due while writers commit at -rate
 //	          beside them: send_at to the provider's call p50/p95/p99/max
 //	          and the calls made early
+//	history   the pipeline's backlog drained beside -history-rows
+//	          (10,000,000) finished rows of a week, with their attempts
+//	          and receipts (loaded once, in a copy of the product's tables
+//	          of its own), and on an empty table, interleaved: msg/s, and
+//	          Postgres's CPU and WAL per message, both ways and their
+//	          ratios, and that no finished row was changed
 //	latency   committed single-row inserts at a fixed rate (outbox.Enqueue,
 //	          8 writers): commit->queued and commit->sent p50/p95/p99
 //	scaleout  a queued backlog sent by 1 sender, then by 4, against the stub
@@ -76,7 +82,7 @@ import (
 func main() { proc.Main(run) }
 
 // scenarioNames lists the scenarios in the order they run.
-var scenarioNames = []string{"relay", "pipeline", "schedule", "latency", "scaleout", "priority", "ratelimit", "memory"}
+var scenarioNames = []string{"relay", "pipeline", "schedule", "history", "latency", "scaleout", "priority", "ratelimit", "memory"}
 
 type config struct {
 	databaseURL  string
@@ -109,6 +115,10 @@ type config struct {
 	scheduledRows int
 	dueRows       int
 	dueSpread     time.Duration
+	// The history scenario's finished rows, and how long their load may
+	// take.
+	historyRows    int
+	historyTimeout time.Duration
 
 	selected map[string]bool
 }
@@ -183,6 +193,8 @@ func bind(s *envflag.Set, c *config) {
 	s.Int(&c.scheduledRows, "scheduled-rows", "BENCH_SCHEDULED_ROWS", 1_000_000, 1, 100_000_000, "schedule: rows scheduled for tomorrow (loaded once, into an outbox of their own) beside which the pipeline's backlog is drained, against the same backlog without them")
 	s.Int(&c.dueRows, "due-rows", "BENCH_DUE_ROWS", 2000, 1, 1_000_000, "schedule: rows written with a send time 3 s to 3 s + -due-spread ahead while writers commit at -rate beside the scheduled rows: how late after its send time each one is called")
 	s.Duration(&c.dueSpread, "due-spread", "BENCH_DUE_SPREAD", 10*time.Second, 0, time.Hour, "schedule: the due rows' send times are spread evenly over this")
+	s.Int(&c.historyRows, "history-rows", "BENCH_HISTORY_ROWS", 10_000_000, 1, 1_000_000_000, "history: finished rows (a week of them, with their attempts and receipts; loaded once, into an outbox of their own) beside which the pipeline's backlog is drained, against the same backlog on an empty table")
+	s.Duration(&c.historyTimeout, "history-load-timeout", "BENCH_HISTORY_LOAD_TIMEOUT", time.Hour, time.Second, 24*time.Hour, "history: give up on loading the finished rows after this")
 	s.Duration(&c.timeout, "timeout", "BENCH_TIMEOUT", 3*time.Minute, time.Second, 24*time.Hour, "give up on a scenario that has not finished by then")
 	s.Check(func() error {
 		sel, err := parseOnly(c.only)
@@ -236,6 +248,7 @@ func applyQuick(c *config, fs *flag.FlagSet, getenv func(string) string) {
 	shrink("urgent-rows", "BENCH_URGENT_ROWS", func() { c.urgentRows = 20 })
 	shrink("ratelimit-duration", "BENCH_RATELIMIT_DURATION", func() { c.limitWindow = 25 * time.Second })
 	shrink("scheduled-rows", "BENCH_SCHEDULED_ROWS", func() { c.scheduledRows = 50_000 })
+	shrink("history-rows", "BENCH_HISTORY_ROWS", func() { c.historyRows = 100_000 })
 	shrink("due-rows", "BENCH_DUE_ROWS", func() { c.dueRows = 200 })
 	shrink("due-spread", "BENCH_DUE_SPREAD", func() { c.dueSpread = 2 * time.Second })
 	shrink("timeout", "BENCH_TIMEOUT", func() { c.timeout = time.Minute })

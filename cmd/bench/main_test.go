@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -544,4 +545,74 @@ func TestScheduledRowsChecked(t *testing.T) {
 		t.Fatalf("%d rows left after empty, %v; want the 199 loaded versions", left, err)
 	}
 	check(untouchedCheck{Rows: 200, Intact: 198, Changed: 1, Locked: 1})
+}
+
+// The history's load on real Postgres: the mix of statuses, one attempt
+// per call and a receipt per delivered or undelivered row, ids that sort
+// by creation and below every id minted after the load, rows the
+// product's own checks accept, and a side's rows emptied with their logs
+// while the history and its logs stay.
+func TestHistoryLoaded(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := t.Context()
+	const n = 4000
+	xmin, err := loadHistory(ctx, pool, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	rows, _ := pool.Query(ctx, `SELECT status, count(*) FROM sms_outbox WHERE xmin = $1::text::xid GROUP BY status`, xmin)
+	var st string
+	var c int
+	if _, err := pgx.ForEachRow(rows, []any{&st, &c}, func() error { counts[st] = c; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"sent": 4 * historySent, "undelivered": 4 * historyUndelivered, "dead": 4 * historyDead, "unknown": 4 * historyUnknown}
+	want["delivered"] = n - want["sent"] - want["undelivered"] - want["dead"] - want["unknown"]
+	if !maps.Equal(counts, want) {
+		t.Fatalf("statuses %v, want %v", counts, want)
+	}
+	var attempts, receipts, unordered, retried int
+	var oldest, newest time.Time
+	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM sms_attempts), (SELECT count(*) FROM sms_evidence WHERE kind = 'receipt'),
+		(SELECT count(*) FROM (SELECT id < lag(id) OVER (ORDER BY created_at) AS back FROM sms_outbox) AS o WHERE back),
+		(SELECT count(*) FROM sms_outbox WHERE attempt_count = 2), min(created_at), max(created_at) FROM sms_outbox`).
+		Scan(&attempts, &receipts, &unordered, &retried, &oldest, &newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retried != 4*historyRetried || attempts != n+retried || receipts != want["delivered"]+want["undelivered"] || unordered != 0 {
+		t.Fatalf("%d attempts, %d retried, %d receipts, %d ids out of creation order", attempts, retried, receipts, unordered)
+	}
+	if age := time.Since(oldest); age > historyDays*24*time.Hour-time.Hour || age < historyDays*24*time.Hour-2*time.Hour || time.Since(newest) > time.Minute {
+		t.Fatalf("rows made from %s to %s", oldest, newest)
+	}
+	var lastKept string
+	if err := pool.QueryRow(ctx, `SELECT id::text FROM sms_outbox ORDER BY id DESC LIMIT 1`).Scan(&lastKept); err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{progress: io.Discard}
+	if err := b.copyRowsIn(ctx, pool, 10, "pending", outbox.Normal); err != nil {
+		t.Fatal(err)
+	}
+	at := outboxAt{pool: pool, table: "sms_outbox", keepXmin: xmin, keepLogs: true, lastKept: lastKept}
+	var side int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+at.sideRows()+` WHERE status = 'pending'`).Scan(&side); err != nil || side != 10 {
+		t.Fatalf("%d rows of the side, %v; want the 10 written after the load", side, err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO sms_attempts (outbox_id, attempt, started_at, outcome) SELECT id, 1, now(), 'sent' FROM `+at.sideRows()); err != nil {
+		t.Fatal(err)
+	}
+	if err := at.empty(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left, leftAttempts int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM sms_outbox), (SELECT count(*) FROM sms_attempts)`).Scan(&left, &leftAttempts); err != nil || left != n || leftAttempts != attempts {
+		t.Fatalf("after empty: %d rows and %d attempts, %v; want %d and %d", left, leftAttempts, err, n, attempts)
+	}
+	f := &future{at: at, rows: n}
+	if u, err := b.checkUntouched(ctx, f); err != nil || u.Intact != n {
+		t.Fatalf("checkUntouched = %+v, %v", u, err)
+	}
 }

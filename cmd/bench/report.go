@@ -34,6 +34,7 @@ type report struct {
 	// Schedule is the schedule scenario: its sides' runs and medians, the
 	// checks of the scheduled rows and the lateness of the due ones.
 	Schedule *scheduleReport `json:"schedule,omitempty"`
+	History  *historyReport  `json:"history,omitempty"`
 }
 
 // figure is one row of the table.

@@ -314,26 +314,63 @@ type commitRecord struct {
 // ms before its commit). All three clocks are this host's.
 func (b *bench) latency(ctx context.Context, rep *report) error {
 	c := b.cfg
-	e, err := b.newEnv(ctx, "latency", 0)
+	l, err := b.latencyOn(ctx, rep, "latency", nil)
 	if err != nil {
 		return err
+	}
+	tag := fmt.Sprintf(" @%d/s", c.rate)
+	// The writers share the cores with everything else: when they fall
+	// behind, the latencies were measured at this lower rate.
+	rep.add("latency", fmt.Sprintf("inserts committed (paced at %d/s)", c.rate), l.achieved, "msg/s")
+	rep.add("latency", "commit->queued p50"+tag, l.queued.P50, "ms")
+	rep.add("latency", "commit->queued p95"+tag, l.queued.P95, "ms")
+	rep.addTarget("latency", "commit->queued p99"+tag, l.queued.P99, "ms", "<=", 50)
+	rep.add("latency", "commit->sent p50"+tag, l.sent.P50, "ms")
+	rep.add("latency", "commit->sent p95"+tag, l.sent.P95, "ms")
+	rep.addTarget("latency", "commit->sent p99"+tag, l.sent.P99, "ms", "<=", 150)
+	return nil
+}
+
+// latencyFigures is what one latency run measured.
+type latencyFigures struct {
+	// achieved is the writers' commits a second; queued and sent the
+	// commit->queued and commit->sent latencies.
+	achieved     float64
+	queued, sent latencySummary
+}
+
+// latencyOn runs the latency scenario on an outbox (nil: the bench's own
+// tables), named name in bench.json.
+func (b *bench) latencyOn(ctx context.Context, rep *report, name string, on *outboxAt) (latencyFigures, error) {
+	c := b.cfg
+	var lf latencyFigures
+	e, err := b.newEnv(ctx, name, 0)
+	if err != nil {
+		return lf, err
 	}
 	defer e.close()
+	pool, table := b.pool, "sms_outbox"
+	if on != nil {
+		e.dbURL, pool, table = on.url, on.pool, on.sideRows()
+		if err := on.empty(ctx); err != nil {
+			return lf, err
+		}
+	}
 	sc, err := e.subscribe(true)
 	if err != nil {
-		return err
+		return lf, err
 	}
 	if _, err := e.startSenders(ctx, c.senders); err != nil {
-		return err
+		return lf, err
 	}
 	if _, err := e.startRelay(ctx); err != nil {
-		return err
+		return lf, err
 	}
 	total := int(float64(c.rate) * c.duration.Seconds())
 	if total < 1 {
-		return errors.New("-rate times -duration is below one message")
+		return lf, errors.New("-rate times -duration is below one message")
 	}
-	b.logf("[latency] writing %d messages at %d/s for %s with %d writers (one row per transaction)", total, c.rate, c.duration, c.writers)
+	b.logf("[%s] writing %d messages at %d/s for %s with %d writers (one row per transaction)", name, total, c.rate, c.duration, c.writers)
 
 	pg0, cpu0 := b.samplePG(ctx), b.sampleCPU()
 	begin := time.Now()
@@ -348,7 +385,7 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := b.writeAtRate(wctx, b.pool, w, total, begin, &records[w], &committed)
+			err := b.writeAtRate(wctx, pool, w, total, begin, &records[w], &committed)
 			if err != nil {
 				errOnce.Do(func() { writeErr = err; cancelWriters() })
 			}
@@ -363,36 +400,36 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 			case <-progressDone:
 				return
 			case <-t.C:
-				b.logf("[latency] %5.1fs  committed %d, published %d", time.Since(begin).Seconds(), committed.Load(), sc.n.Load())
+				b.logf("[%s] %5.1fs  committed %d, published %d", name, time.Since(begin).Seconds(), committed.Load(), sc.n.Load())
 			}
 		}
 	}()
 	wg.Wait()
 	close(progressDone)
 	if writeErr != nil {
-		return writeErr
+		return lf, writeErr
 	}
 	writeEnd := time.Now()
 	cpu := b.sampleCPU().since(cpu0)
-	if err := b.waitSent(ctx, e, "latency", "sms_outbox", total, begin, nil); err != nil {
-		return err
+	if err := b.waitSent(ctx, e, name, table, total, begin, nil); err != nil {
+		return lf, err
 	}
 	mem := b.memories()
 	stats, err := e.stubStats(ctx)
 	if err != nil {
-		return err
+		return lf, err
 	}
-	pg := b.endPG(ctx, "latency", pg0, total)
+	pg := b.endPG(ctx, name, pg0, total)
 	if err := checkOnce(stats.Deliveries, stats.Keys, total); err != nil {
-		return err
+		return lf, err
 	}
 
 	sentAt := make(map[uuid.UUID]time.Time, total)
-	rows, _ := b.pool.Query(ctx, `SELECT id, updated_at FROM sms_outbox WHERE status = 'sent'`)
+	rows, _ := b.pool.Query(ctx, `SELECT id, updated_at FROM `+table+` WHERE status = 'sent'`)
 	var id uuid.UUID
 	var at time.Time
 	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { sentAt[id] = at; return nil }); err != nil {
-		return fmt.Errorf("read sent times: %w", err)
+		return lf, fmt.Errorf("read sent times: %w", err)
 	}
 	_ = sc.sub.Unsubscribe() // the connection closes next anyway
 	sc.mu.Lock()
@@ -429,30 +466,21 @@ func (b *bench) latency(ctx context.Context, rep *report) error {
 		p99BySecond = append(p99BySecond, summarize(ds).P99)
 	}
 	if missing > 0 {
-		return fmt.Errorf("%d rows have no publication or no sent time", missing)
+		return lf, fmt.Errorf("%d rows have no publication or no sent time", missing)
 	}
 	q, s, l := summarize(toQueued), summarize(toSent), summarize(lag)
 	achieved := float64(total) / writeEnd.Sub(begin).Seconds()
-	b.logf("[latency] %d messages, %.0f commits/s achieved; commit->queued p50 %.1f p95 %.1f p99 %.1f ms; commit->sent p50 %.1f p95 %.1f p99 %.1f ms",
-		total, achieved, q.P50, q.P95, q.P99, s.P50, s.P95, s.P99)
-	b.logf("[latency] cpu: %s", cpu)
-	tag := fmt.Sprintf(" @%d/s", c.rate)
-	// The writers share the cores with everything else: when they fall
-	// behind, the latencies were measured at this lower rate.
-	rep.add("latency", fmt.Sprintf("inserts committed (paced at %d/s)", c.rate), achieved, "msg/s")
-	rep.add("latency", "commit->queued p50"+tag, q.P50, "ms")
-	rep.add("latency", "commit->queued p95"+tag, q.P95, "ms")
-	rep.addTarget("latency", "commit->queued p99"+tag, q.P99, "ms", "<=", 50)
-	rep.add("latency", "commit->sent p50"+tag, s.P50, "ms")
-	rep.add("latency", "commit->sent p95"+tag, s.P95, "ms")
-	rep.addTarget("latency", "commit->sent p99"+tag, s.P99, "ms", "<=", 150)
-	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: "latency", Rows: total, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
+	b.logf("[%s] %d messages, %.0f commits/s achieved; commit->queued p50 %.1f p95 %.1f p99 %.1f ms; commit->sent p50 %.1f p95 %.1f p99 %.1f ms",
+		name, total, achieved, q.P50, q.P95, q.P99, s.P50, s.P95, s.P99)
+	b.logf("[%s] cpu: %s", name, cpu)
+	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: name, Rows: total, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
 		"commit_to_queued": q, "commit_to_sent": s, "commits_per_second": achieved,
 		"writer_lateness": l, "writers": c.writers, "commit_to_sent_p99_ms_by_second": p99BySecond, "warmup_excluded": c.warmup.String(),
 		"queued_time": "arrival of the publication at a core NATS subscription on sms.send",
 		"sent_time":   "updated_at of the sent row (start of the status-write transaction)",
 	}})
-	return nil
+	lf.achieved, lf.queued, lf.sent = achieved, q, s
+	return lf, nil
 }
 
 // writeAtRate commits writer w's share of total single-row transactions
