@@ -165,6 +165,10 @@ type historyReport struct {
 	// LatencyEmpty and LatencyHistory are commit->sent at -rate on each.
 	LatencyEmpty   *historyLatency `json:"latency_empty,omitempty"`
 	LatencyHistory *historyLatency `json:"latency_history,omitempty"`
+	// ScansFirst and Scans are the periodic reads and the console's pages
+	// on the history, a first and a second time.
+	ScansFirst []scanFigure `json:"scans_first"`
+	Scans      []scanFigure `json:"scans"`
 	// Untouched is the check of the history after each side beside it.
 	Untouched []untouchedCheck `json:"untouched"`
 }
@@ -176,7 +180,8 @@ type historyLatency struct {
 }
 
 // history runs the scenario's sides, -runs times each and interleaved,
-// each under its own -timeout, and adds the figures. A side that fails is
+// then the latency on each table, then the scans (scans.go), each under
+// its own -timeout, and adds the figures. A side that fails is
 // left out of its medians; its error is returned.
 func (b *bench) history(ctx context.Context, rep *report) []error {
 	c := b.cfg
@@ -258,6 +263,17 @@ func (b *bench) history(ctx context.Context, rep *report) []error {
 			hr.LatencyEmpty = lat
 		}
 	}
+	// Last: a step's rolled-back lock or mark leaves its transaction's id
+	// on the rows it took, which the checks above would count.
+	if ctx.Err() == nil {
+		sctx, cancel := context.WithTimeout(ctx, c.timeout)
+		hr.ScansFirst, hr.Scans, err = b.scans(sctx, f)
+		cancel()
+		if err != nil {
+			b.logf("[history: scans] FAILED: %v", err)
+			errs = append(errs, fmt.Errorf("history: scans: %w", err))
+		}
+	}
 	hr.Empty, hr.History = summarizeSide(sideEmpty, results[sideEmpty]), summarizeSide(sideHistory, results[sideHistory])
 	hr.Ratio = ratio(hr.History.Rate, hr.Empty.Rate)
 	hr.CPURatio = ratio(hr.History.PostgresCPUMicros, hr.Empty.PostgresCPUMicros)
@@ -323,6 +339,13 @@ func (r *report) addHistory(h *historyReport, sides bool) {
 		r.add("history", fmt.Sprintf("commit->sent p99 @%.0f commits/s, empty table", e.CommitsPerSecond), e.CommitToSent.P99, "ms")
 		r.add("history", fmt.Sprintf("commit->sent p99 @%.0f commits/s, beside %s finished rows", l.CommitsPerSecond, thousands(int64(h.Rows))), l.CommitToSent.P99, "ms")
 		r.addTarget("history", "commit->sent p99, beside the history / empty", ratio(l.CommitToSent.P99, e.CommitToSent.P99), "x", "<=", 1.2)
+	}
+	for _, f := range h.Scans {
+		r.add("history", fmt.Sprintf("%s, beside %s finished rows: time", f.Name, thousands(int64(h.Rows))), f.Millis, "ms")
+		r.add("history", fmt.Sprintf("%s: buffers", f.Name), float64(f.Hit+f.Read), "buffers")
+	}
+	if len(h.Scans) > 0 {
+		r.addTarget("history", "periodic reads and console pages that read sms_outbox, sms_attempts or sms_evidence whole", float64(wholeReads(h.Scans)), "steps", "<=", 0)
 	}
 	var touched int64
 	for _, u := range h.Untouched {

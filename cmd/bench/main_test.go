@@ -616,3 +616,48 @@ func TestHistoryLoaded(t *testing.T) {
 		t.Fatalf("checkUntouched = %+v, %v", u, err)
 	}
 }
+
+// The scans on real Postgres: every step's statements come back with
+// their plans through auto_explain, a read of a whole table is named, and
+// the rolled-back steps leave the history as it was.
+func TestScansExplainTheProductsStatements(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewPool(t)
+	ctx := t.Context()
+	xmin, err := loadHistory(ctx, pool, 3000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &future{at: outboxAt{url: url, pool: pool, table: "sms_outbox", keepXmin: xmin, keepLogs: true}, rows: 3000}
+	b := &bench{progress: io.Discard}
+	cold, warm, err := b.scans(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := scanSteps(uuid.Nil)
+	if len(cold) != len(steps) || len(warm) != len(steps) {
+		t.Fatalf("%d and %d figures for %d steps", len(cold), len(warm), len(steps))
+	}
+	for _, sf := range warm {
+		if sf.Statements == 0 || len(sf.Plans) < sf.Statements || sf.Hit+sf.Read == 0 && sf.Name != "relay: claim of pending rows" {
+			t.Errorf("%s: %d statements, %d plans, %d buffers", sf.Name, sf.Statements, len(sf.Plans), sf.Hit+sf.Read)
+		}
+	}
+	// A statement that must read the table whole is named.
+	e, err := explainOn(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.conn.Close(ctx)
+	seq, err := e.measure(ctx, scanStep{name: "whole", run: func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT count(*) FROM sms_outbox WHERE body LIKE '%code%'`)
+		return err
+	}})
+	if err != nil || wholeReads([]scanFigure{seq}) != 1 || seq.Statements != 1 {
+		t.Fatalf("a count of the whole table: %+v, %v", seq.SeqScans, err)
+	}
+	var kept int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM sms_outbox WHERE xmin = $1::text::xid AND NOT lookup_pending`, xmin).Scan(&kept); err != nil || kept != 3000 {
+		t.Fatalf("after the scans: %d rows as loaded, %v", kept, err)
+	}
+}
