@@ -140,6 +140,16 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	if c.selected["history"] {
 		errs = append(errs, b.history(ctx, rep)...)
 	}
+	if c.selected["backlog"] && ctx.Err() == nil {
+		bctx, cancel := context.WithTimeout(ctx, c.backlogTimeout)
+		err := b.backlog(bctx, rep)
+		cancel()
+		b.stopAll()
+		if err != nil {
+			b.logf("[backlog] FAILED: %v", err)
+			errs = append(errs, fmt.Errorf("backlog: %w", err))
+		}
+	}
 	steps := []step{
 		{"latency", b.latency},
 		{"scaleout", b.scaleOut},

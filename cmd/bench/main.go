@@ -33,6 +33,11 @@
 //	          of its own), and on an empty table, interleaved: msg/s, and
 //	          Postgres's CPU and WAL per message, both ways and their
 //	          ratios, and that no finished row was changed
+//	backlog   -backlog-rows (1,000,000) pending rows written before the
+//	          senders and the relay start, drained while urgent rows are
+//	          enqueued at 10/s, against -backlog-small (10,000): the drain
+//	          rates and their ratio, the urgent rows' commit->sent, the
+//	          redeliveries, and each process's peak RSS
 //	latency   committed single-row inserts at a fixed rate (outbox.Enqueue,
 //	          8 writers): commit->queued and commit->sent p50/p95/p99
 //	scaleout  a queued backlog sent by 1 sender, then by 4, against the stub
@@ -82,7 +87,7 @@ import (
 func main() { proc.Main(run) }
 
 // scenarioNames lists the scenarios in the order they run.
-var scenarioNames = []string{"relay", "pipeline", "schedule", "history", "latency", "scaleout", "priority", "ratelimit", "memory"}
+var scenarioNames = []string{"relay", "pipeline", "schedule", "history", "backlog", "latency", "scaleout", "priority", "ratelimit", "memory"}
 
 type config struct {
 	databaseURL  string
@@ -119,6 +124,10 @@ type config struct {
 	// take.
 	historyRows    int
 	historyTimeout time.Duration
+	// The backlog scenario's two backlogs, and how long its drains may
+	// take.
+	backlogRows, backlogSmall int
+	backlogTimeout            time.Duration
 
 	selected map[string]bool
 }
@@ -195,6 +204,9 @@ func bind(s *envflag.Set, c *config) {
 	s.Duration(&c.dueSpread, "due-spread", "BENCH_DUE_SPREAD", 10*time.Second, 0, time.Hour, "schedule: the due rows' send times are spread evenly over this")
 	s.Int(&c.historyRows, "history-rows", "BENCH_HISTORY_ROWS", 10_000_000, 1, 1_000_000_000, "history: finished rows (a week of them, with their attempts and receipts; loaded once, into an outbox of their own) beside which the pipeline's backlog is drained, against the same backlog on an empty table")
 	s.Duration(&c.historyTimeout, "history-load-timeout", "BENCH_HISTORY_LOAD_TIMEOUT", time.Hour, time.Second, 24*time.Hour, "history: give up on loading the finished rows after this")
+	s.Int(&c.backlogRows, "backlog-rows", "BENCH_BACKLOG_ROWS", 1_000_000, 1, 100_000_000, "backlog: pending rows when the senders and the relay start (an outage's backlog), drained while urgent rows are enqueued at 10/s")
+	s.Int(&c.backlogSmall, "backlog-small", "BENCH_BACKLOG_SMALL", 10_000, 1, 100_000_000, "backlog: the small backlog whose drain rate -backlog-rows' is compared with")
+	s.Duration(&c.backlogTimeout, "backlog-timeout", "BENCH_BACKLOG_TIMEOUT", 30*time.Minute, time.Second, 24*time.Hour, "backlog: give up on a drain that has not finished by then")
 	s.Duration(&c.timeout, "timeout", "BENCH_TIMEOUT", 3*time.Minute, time.Second, 24*time.Hour, "give up on a scenario that has not finished by then")
 	s.Check(func() error {
 		sel, err := parseOnly(c.only)
@@ -249,6 +261,8 @@ func applyQuick(c *config, fs *flag.FlagSet, getenv func(string) string) {
 	shrink("ratelimit-duration", "BENCH_RATELIMIT_DURATION", func() { c.limitWindow = 25 * time.Second })
 	shrink("scheduled-rows", "BENCH_SCHEDULED_ROWS", func() { c.scheduledRows = 50_000 })
 	shrink("history-rows", "BENCH_HISTORY_ROWS", func() { c.historyRows = 100_000 })
+	shrink("backlog-rows", "BENCH_BACKLOG_ROWS", func() { c.backlogRows = 20_000 })
+	shrink("backlog-small", "BENCH_BACKLOG_SMALL", func() { c.backlogSmall = 2_000 })
 	shrink("due-rows", "BENCH_DUE_ROWS", func() { c.dueRows = 200 })
 	shrink("due-spread", "BENCH_DUE_SPREAD", func() { c.dueSpread = 2 * time.Second })
 	shrink("timeout", "BENCH_TIMEOUT", func() { c.timeout = time.Minute })

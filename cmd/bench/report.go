@@ -35,6 +35,7 @@ type report struct {
 	// checks of the scheduled rows and the lateness of the due ones.
 	Schedule *scheduleReport `json:"schedule,omitempty"`
 	History  *historyReport  `json:"history,omitempty"`
+	Backlog  *backlogReport  `json:"backlog,omitempty"`
 }
 
 // figure is one row of the table.
