@@ -661,3 +661,53 @@ func TestScansExplainTheProductsStatements(t *testing.T) {
 		t.Fatalf("after the scans: %d rows as loaded, %v", kept, err)
 	}
 }
+
+// The plans of the periodic reads and the console's pages at a realistic
+// size: a million finished rows, analyzed, and no step reads a growing
+// table whole or more than its bound of buffers (a small share of the
+// table's pages), however the statistics came out.
+func TestPeriodicReadsStayBoundedOnAMillionRows(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewPool(t)
+	ctx := t.Context()
+	const n = 1_000_000
+	start := time.Now()
+	xmin, err := loadHistoryOf(ctx, pool, n, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) sms_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	var pages int64
+	if err := pool.QueryRow(ctx, `SELECT pg_relation_size('sms_outbox') / 8192`).Scan(&pages); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d rows loaded and analyzed in %s: %d pages", n, time.Since(start).Round(time.Millisecond), pages)
+	f := &future{at: outboxAt{url: url, pool: pool, table: "sms_outbox", keepXmin: xmin}, rows: n}
+	b := &bench{progress: io.Discard}
+	_, warm, err := b.scans(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sf := range warm {
+		// The attempts and evidence are empty here: reading them whole is
+		// the plan for an empty table.
+		if slices.Contains(sf.SeqScans, "sms_outbox") {
+			t.Errorf("%s reads sms_outbox whole", sf.Name)
+		}
+		bound := pages / 100
+		switch sf.Name {
+		case "overdue sweep: mark":
+			bound = pages / 10 // a chunk of 5,000 final rows
+		case "console: overview":
+			bound = pages / 4 // the last hour's rows
+		case "console: dead and unknown rows":
+			bound = 60_000 // the summary of 10,000 dead rows, each on a page of its own, with its attempts
+		}
+		t.Logf("%s: %d statements, %.1f ms, %d buffers (bound %d); read whole: %s", sf.Name, sf.Statements, sf.Millis, sf.Hit+sf.Read, bound, strings.Join(sf.SeqScans, ", "))
+		if sf.Hit+sf.Read > bound {
+			t.Errorf("%s read %d buffers of a %d-page table, more than %d", sf.Name, sf.Hit+sf.Read, pages, bound)
+		}
+	}
+}
