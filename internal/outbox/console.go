@@ -35,7 +35,7 @@ type StatusCount struct {
 // backlogBound bounds the count of one unfinished status on a large table.
 const backlogBound = 1_000_000
 
-// endedBound bounds the count of dead or of unknown rows on a large table:
+// endedBound bounds the count of dead and unknown rows on a large table:
 // 200,000 of them took 87 ms to count on a 10-million-row table, and a
 // week at 100 million messages a day keeps millions, which would take
 // seconds at every load of the overview.
@@ -45,7 +45,7 @@ const endedBound = 250_000
 // statistics put under exactBelow rows it counts them all (one pass over a
 // small table). Above, it counts the statuses a partial index serves
 // (pending, queued, sending, dead, unknown; a backlog beyond a million rows,
-// and dead or unknown rows beyond 250,000, are estimated) and estimates the others (sent and later: the bulk of the
+// and dead and unknown rows beyond 250,000 together, are estimated) and estimates the others (sent and later: the bulk of the
 // table) from the live-row estimate less those counts, split by the
 // statistics' frequencies.
 func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCount, error) {
@@ -90,23 +90,13 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 			}
 			counts[st] = n
 		}
-		// Dead and unknown from theirs (migration 0011), up to endedBound
-		// each; beyond it estimated too.
-		for _, st := range []State{StatusDead, StatusUnknown} {
-			n, err := CountUpTo(ctx, q, st, endedBound)
-			if err != nil {
-				return nil, err
-			}
-			if n >= endedBound {
-				if n, err = EstimateRows(ctx, q, st); err != nil {
-					return nil, err
-				}
-				estimated[st] = true
-			}
-			counts[st] = n
+		dead, unknown, est, err := countEnded(ctx, q, endedBound)
+		if err != nil {
+			return nil, err
 		}
+		counts[StatusDead], counts[StatusUnknown] = dead, unknown
+		estimated[StatusDead], estimated[StatusUnknown] = est, est
 		pending, queued, sending := counts[StatusPending], counts[StatusQueued], counts[StatusSending]
-		dead, unknown := counts[StatusDead], counts[StatusUnknown]
 		freqs = map[string]float64{}
 		for i, v := range vals {
 			if i < len(fs) {
@@ -138,6 +128,29 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 		out = append(out, StatusCount{Status: s, Rows: counts[s], Estimated: estimated[s]})
 	}
 	return out, nil
+}
+
+// countEnded counts the dead and the unknown rows from their partial index
+// (migration 0011, which carries the status), reading at most bound
+// entries of it; when there are more, both are estimated from the
+// statistics (est).
+func countEnded(ctx context.Context, q Querier, bound int) (dead, unknown int64, est bool, err error) {
+	var seen int64
+	err = q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE status = 'unknown'), count(*)
+		FROM (SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') LIMIT $1) AS e`, bound).Scan(&dead, &unknown, &seen)
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("outbox: count dead and unknown rows: %w", err)
+	}
+	if seen < int64(bound) {
+		return dead, unknown, false, nil
+	}
+	if dead, err = estimateStatus(ctx, q, StatusDead); err != nil {
+		return 0, 0, false, err
+	}
+	if unknown, err = estimateStatus(ctx, q, StatusUnknown); err != nil {
+		return 0, 0, false, err
+	}
+	return dead, unknown, true, nil
 }
 
 // WindowCount is the number of rows in a status whose last change (their

@@ -512,39 +512,3 @@ func TestOperatorReadsCleanText(t *testing.T) {
 		t.Errorf("Attempts: %+v, %v", as, err)
 	}
 }
-
-// Dead and unknown rows are counted from their partial index, up to a
-// bound: the overview's count stays bounded however many a retention
-// keeps, and a larger number is estimated.
-func TestCountUpToDeadAndUnknown(t *testing.T) {
-	t.Parallel()
-	pool, _ := pgtest.NewPool(t)
-	ctx := context.Background()
-	for range 3 {
-		consoleRow(t, pool, outbox.StatusDead, time.Minute)
-	}
-	for range 2 {
-		consoleRow(t, pool, outbox.StatusUnknown, time.Minute)
-	}
-	consoleRow(t, pool, outbox.StatusSent, time.Minute)
-	for _, tt := range []struct {
-		status outbox.State
-		limit  int
-		want   int64
-	}{
-		{outbox.StatusDead, 10, 3}, {outbox.StatusDead, 2, 2}, {outbox.StatusUnknown, 10, 2}, {outbox.StatusUnknown, 1, 1},
-	} {
-		if n, err := outbox.CountUpTo(ctx, pool, tt.status, tt.limit); err != nil || n != tt.want {
-			t.Errorf("CountUpTo(%s, %d) = %d, %v; want %d", tt.status, tt.limit, n, err, tt.want)
-		}
-	}
-	if _, err := pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := outbox.EstimateRows(ctx, pool, outbox.StatusDead); err != nil || n < 1 {
-		t.Errorf("EstimateRows(dead) = %d, %v", n, err)
-	}
-	if _, err := outbox.CountUpTo(ctx, pool, outbox.StatusSent, 1); err == nil {
-		t.Error("CountUpTo(sent): no error")
-	}
-}

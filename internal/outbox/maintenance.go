@@ -97,28 +97,23 @@ func age(ctx context.Context, q Querier, what, sql string) (time.Duration, error
 	return time.Duration(max(0, *secs) * float64(time.Second)), nil
 }
 
-// countSQL holds, per status a partial index holds alone (the unfinished
-// ones, dead and unknown), a count capped by $1 whose condition implies
-// the index's predicate.
+// countSQL holds, per unfinished status, a count capped by $1 whose
+// condition implies a partial index's predicate.
 var countSQL = map[State]string{
 	StatusPending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' LIMIT $1) AS s`,
 	StatusQueued:  `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'queued' LIMIT $1) AS s`,
 	StatusSending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'sending' LIMIT $1) AS s`,
 	// sms_outbox_scheduled_idx (migration 0030).
 	StatusScheduled: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'scheduled' LIMIT $1) AS s`,
-	// sms_outbox_dead_idx (migration 0011), which carries the status: an
-	// index-only count.
-	StatusDead:    `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('dead', 'unknown') AND status = 'dead' LIMIT $1) AS s`,
-	StatusUnknown: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('dead', 'unknown') AND status = 'unknown' LIMIT $1) AS s`,
 }
 
-// CountUpTo counts the rows with status (scheduled, pending, queued,
-// sending, dead or unknown), but reads at most limit of them: its cost is bounded however large a backlog
+// CountUpTo counts the rows with status (scheduled, pending, queued or
+// sending), but reads at most limit of them: its cost is bounded however large a backlog
 // grows. A result of limit means "limit or more".
 func CountUpTo(ctx context.Context, q Querier, status State, limit int) (int64, error) {
 	sql, ok := countSQL[status]
 	if !ok {
-		return 0, fmt.Errorf("outbox: count rows: status %q is not scheduled, pending, queued, sending, dead or unknown", status)
+		return 0, fmt.Errorf("outbox: count rows: status %q is not scheduled, pending, queued or sending", status)
 	}
 	var n int64
 	if err := q.QueryRow(ctx, sql, limit).Scan(&n); err != nil {
@@ -132,10 +127,15 @@ func CountUpTo(ctx context.Context, q Querier, status State, limit int) (int64, 
 // for a backlog too large to count.
 func EstimateRows(ctx context.Context, q Querier, status State) (int64, error) {
 	if _, ok := countSQL[status]; !ok {
-		return 0, fmt.Errorf("outbox: estimate rows: status %q is not scheduled, pending, queued, sending, dead or unknown", status)
+		return 0, fmt.Errorf("outbox: estimate rows: status %q is not scheduled, pending, queued or sending", status)
 	}
+	return estimateStatus(ctx, q, status)
+}
+
+// estimateStatus is the planner's estimate of the rows with status, which
+// must be one of the package's constants, never input.
+func estimateStatus(ctx context.Context, q Querier, status State) (int64, error) {
 	var plan string
-	// The status is one of countSQL's constants, never input.
 	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM sms_outbox WHERE status = '`+string(status)+`'`).Scan(&plan); err != nil {
 		return 0, fmt.Errorf("outbox: estimate %s rows: %w", status, err)
 	}

@@ -51,3 +51,27 @@ func TestAgeQueriesReadTheFirstIndexEntries(t *testing.T) {
 		t.Fatalf("oldest pending age %s, want about 2h (the bulk row's)", age)
 	}
 }
+
+// Dead and unknown rows are counted in one read of their partial index,
+// of at most the bound's entries: below it both counts are exact; at it
+// both are estimates from the statistics.
+func TestCountEndedIsBounded(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, status, end_reason, letter_seq, maybe_accepted)
+		SELECT gen_random_uuid(), '+15550000001', 'x', s, 'permanent', 1, false
+		FROM unnest(ARRAY['dead', 'dead', 'dead', 'unknown', 'unknown', 'sent']) AS s`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE sms_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	if dead, unknown, est, err := countEnded(ctx, pool, 100); err != nil || dead != 3 || unknown != 2 || est {
+		t.Errorf("countEnded(100) = %d, %d, %v, %v; want 3, 2, counted", dead, unknown, est, err)
+	}
+	dead, unknown, est, err := countEnded(ctx, pool, 4)
+	if err != nil || !est || dead < 1 || unknown < 1 {
+		t.Errorf("countEnded(4) = %d, %d, %v, %v; want estimates", dead, unknown, est, err)
+	}
+}
