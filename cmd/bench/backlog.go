@@ -147,14 +147,8 @@ func (b *bench) drainBacklog(ctx context.Context, rep *report, name string, n in
 	}
 	mu.Unlock()
 	// The last urgent rows may still be on their way.
-	sentAt := map[uuid.UUID]time.Time{}
-	if err := b.waitUntil(ctx, 50*time.Millisecond, func() (bool, error) {
-		rows, _ := b.pool.Query(ctx, `SELECT id, updated_at FROM sms_outbox WHERE id = ANY($1) AND status = 'sent'`, ids)
-		var id uuid.UUID
-		var at time.Time
-		_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { sentAt[id] = at; return nil })
-		return len(sentAt) == len(ids), err
-	}); err != nil {
+	sentAt, err := b.waitSentTimes(ctx, ids)
+	if err != nil {
 		return nil, fmt.Errorf("wait for the urgent rows: %w", err)
 	}
 	stats, err := e.stubStats(ctx)

@@ -90,14 +90,8 @@ func (b *bench) priority(ctx context.Context, rep *report) error {
 	for id := range committed {
 		ids = append(ids, id)
 	}
-	sentAt := map[uuid.UUID]time.Time{}
-	if err := b.waitUntil(ctx, 50*time.Millisecond, func() (bool, error) {
-		rows, _ := b.pool.Query(ctx, `SELECT id, updated_at FROM sms_outbox WHERE id = ANY($1) AND status = 'sent'`, ids)
-		var id uuid.UUID
-		var at time.Time
-		_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { sentAt[id] = at; return nil })
-		return len(sentAt) == len(ids), err
-	}); err != nil {
+	sentAt, err := b.waitSentTimes(ctx, ids)
+	if err != nil {
 		return fmt.Errorf("wait for the urgent rows: %w", err)
 	}
 	st1, err := e.stubStats(ctx)
@@ -122,6 +116,20 @@ func (b *bench) priority(ctx context.Context, rep *report) error {
 		"provider_requests_per_second": bulkRate,
 	}})
 	return nil
+}
+
+// waitSentTimes waits until every row of ids is sent and returns each
+// one's sent time (its updated_at: the status write).
+func (b *bench) waitSentTimes(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]time.Time, error) {
+	sentAt := map[uuid.UUID]time.Time{}
+	err := b.waitUntil(ctx, 50*time.Millisecond, func() (bool, error) {
+		rows, _ := b.pool.Query(ctx, `SELECT id, updated_at FROM sms_outbox WHERE id = ANY($1) AND status = 'sent'`, ids)
+		var id uuid.UUID
+		var at time.Time
+		_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { sentAt[id] = at; return nil })
+		return len(sentAt) == len(ids), err
+	})
+	return sentAt, err
 }
 
 // rateLimit: three senders with SMS_RATE_LIMIT=200 against a stub whose

@@ -216,37 +216,11 @@ func (b *bench) history(ctx context.Context, rep *report) []error {
 	if err := b.historySizes(ctx, f, hr); err != nil {
 		return []error{fmt.Errorf("history: %w", err)}
 	}
-	var errs []error
-	results := map[string][]sideResult{}
-	for run := 1; run <= c.runs; run++ {
-		for _, side := range []string{sideEmpty, sideHistory} {
-			if ctx.Err() != nil {
-				return append(errs, ctx.Err())
-			}
-			b.logf("[history] run %d of %d: %s", run, c.runs, side)
-			d := pipeDrain{name: fmt.Sprintf("history-empty-%d", run), scenario: "history-empty", run: run}
-			if side == sideHistory {
-				d.name, d.scenario, d.at = fmt.Sprintf("history-beside-%d", run), "history-beside", &f.at
-			}
-			sctx, cancel := context.WithTimeout(ctx, c.timeout)
-			r, err := b.drainPipeline(sctx, rep, d)
-			cancel()
-			b.stopAll()
-			if err == nil && side == sideHistory {
-				var u untouchedCheck
-				if u, err = b.checkUntouched(ctx, f); err == nil {
-					hr.Untouched = append(hr.Untouched, u)
-					b.logf("[history] history after the side: %d of %d intact, %d changed, %d locked", u.Intact, u.Rows, u.Changed, u.Locked)
-				}
-			}
-			if err != nil {
-				b.logf("[history: %s, run %d] FAILED: %v", side, run, err)
-				errs = append(errs, fmt.Errorf("history: %s, run %d: %w", side, run, err))
-				continue
-			}
-			results[side] = append(results[side], r)
-		}
+	results, checks, errs := b.interleave(ctx, rep, "history", f, [2]string{sideEmpty, sideHistory}, [2]string{"empty", "beside"}, false)
+	if ctx.Err() != nil {
+		return errs
 	}
+	hr.Untouched = checks
 	// Commit->sent at -rate, once on each table.
 	for _, side := range []string{sideEmpty, sideHistory} {
 		if ctx.Err() != nil {

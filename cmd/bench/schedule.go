@@ -480,41 +480,16 @@ func (b *bench) schedule(ctx context.Context, rep *report) []error {
 		Method: "each run drains the pipeline's backlog (pending rows written with COPY, 1 relay, -senders senders, the stub without latency) without, then beside, the scheduled rows, each on a fresh NATS server and stub: " +
 			"without, on the bench's own tables emptied by TRUNCATE; beside, on a second copy of the product's tables in schema " + futureSchema + " of the same database, holding the scheduled rows, " +
 			"from which every other row is deleted and which is vacuumed before the side; each figure is the median of its runs, the ratio beside / without of the medians"}
-	var errs []error
-	results := map[string][]sideResult{}
-	for run := 1; run <= c.runs; run++ {
-		for _, side := range []string{sideWithout, sideBeside} {
-			if ctx.Err() != nil {
-				return append(errs, ctx.Err())
-			}
-			b.logf("[schedule] run %d of %d: %s", run, c.runs, side)
-			d := pipeDrain{name: fmt.Sprintf("schedule-without-%d", run), scenario: "schedule-without", run: run, flow: true}
-			if side == sideBeside {
-				d.name, d.scenario, d.at = fmt.Sprintf("schedule-beside-%d", run), "schedule-beside", &f.at
-			}
-			sctx, cancel := context.WithTimeout(ctx, c.timeout)
-			r, err := b.drainPipeline(sctx, rep, d)
-			cancel()
-			b.stopAll()
-			if err == nil && side == sideBeside {
-				var u untouchedCheck
-				if u, err = b.checkUntouched(ctx, f); err == nil {
-					sr.Untouched = append(sr.Untouched, u)
-					b.logf("[schedule] scheduled rows after the side: %d of %d intact, %d changed, %d locked", u.Intact, u.Rows, u.Changed, u.Locked)
-				}
-			}
-			if err != nil {
-				b.logf("[schedule: %s, run %d] FAILED: %v", side, run, err)
-				errs = append(errs, fmt.Errorf("schedule: %s, run %d: %w", side, run, err))
-				continue
-			}
-			results[side] = append(results[side], r)
-			if side == sideBeside {
-				sr.FlowBeside = append(sr.FlowBeside, r.Flow)
-			} else {
-				sr.FlowWithout = append(sr.FlowWithout, r.Flow)
-			}
-		}
+	results, checks, errs := b.interleave(ctx, rep, "schedule", f, [2]string{sideWithout, sideBeside}, [2]string{"without", "beside"}, true)
+	if ctx.Err() != nil {
+		return errs
+	}
+	sr.Untouched = checks
+	for _, r := range results[sideBeside] {
+		sr.FlowBeside = append(sr.FlowBeside, r.Flow)
+	}
+	for _, r := range results[sideWithout] {
+		sr.FlowWithout = append(sr.FlowWithout, r.Flow)
 	}
 	sr.Without, sr.Beside = summarizeSide(sideWithout, results[sideWithout]), summarizeSide(sideBeside, results[sideBeside])
 	sr.Ratio = ratio(sr.Beside.Rate, sr.Without.Rate)
@@ -542,6 +517,50 @@ func (b *bench) schedule(ctx context.Context, rep *report) []error {
 	}
 	rep.addSchedule(sr, len(results[sideWithout]) > 0 && len(results[sideBeside]) > 0)
 	return errs
+}
+
+// interleave drains the pipeline's backlog -runs times on each of two
+// outboxes, alternating: the bench's own tables (sides[0]) and f's
+// (sides[1]), each on a fresh NATS server and stub, named tag-kind-run
+// in bench.json; after each side on f it checks f's loaded rows. flow
+// counts what each side's stream, consumers and relay saw. A side that
+// fails is left out of results; its error is returned.
+func (b *bench) interleave(ctx context.Context, rep *report, tag string, f *future, sides, kinds [2]string, flow bool) (map[string][]sideResult, []untouchedCheck, []error) {
+	c := b.cfg
+	results := map[string][]sideResult{}
+	var checks []untouchedCheck
+	var errs []error
+	for run := 1; run <= c.runs; run++ {
+		for i, side := range sides {
+			if ctx.Err() != nil {
+				return results, checks, append(errs, ctx.Err())
+			}
+			b.logf("[%s] run %d of %d: %s", tag, run, c.runs, side)
+			kind := kinds[i]
+			d := pipeDrain{name: fmt.Sprintf("%s-%s-%d", tag, kind, run), scenario: tag + "-" + kind, run: run, flow: flow}
+			if i == 1 {
+				d.at = &f.at
+			}
+			sctx, cancel := context.WithTimeout(ctx, c.timeout)
+			r, err := b.drainPipeline(sctx, rep, d)
+			cancel()
+			b.stopAll()
+			if err == nil && i == 1 {
+				var u untouchedCheck
+				if u, err = b.checkUntouched(ctx, f); err == nil {
+					checks = append(checks, u)
+					b.logf("[%s] loaded rows after the side: %d of %d intact, %d changed, %d locked", tag, u.Intact, u.Rows, u.Changed, u.Locked)
+				}
+			}
+			if err != nil {
+				b.logf("[%s: %s, run %d] FAILED: %v", tag, side, run, err)
+				errs = append(errs, fmt.Errorf("%s: %s, run %d: %w", tag, side, run, err))
+				continue
+			}
+			results[side] = append(results[side], r)
+		}
+	}
+	return results, checks, errs
 }
 
 // addSchedule adds the schedule scenario's figures: each side's median and
