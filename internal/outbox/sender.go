@@ -842,9 +842,15 @@ SET -- dead is a promise that nothing reached the provider: a row an attempt
     stream_seq = CASE WHEN (v.status = 'queued' AND v.park) OR (v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) THEN NULL ELSE o.stream_seq END,
     maybe_accepted = (o.maybe_accepted AND NOT v.notacc) OR v.maybe,
     -- A refund gives the claim's attempt back: the provider took nothing
-    -- (429), or the claim only looked the message up.
-    attempt_count = CASE WHEN v.refund AND o.status = 'sending'
+    -- (429), or the claim only looked the message up. The provider's word
+    -- is also written over a row a receipt moved on meanwhile (delivered
+    -- over sent): the claim that counted the attempt (its token is still
+    -- the row's) gives it back, and clears the claim, so that a write run
+    -- again gives nothing back twice (refundMissed does the same).
+    attempt_count = CASE WHEN v.refund AND (o.status = 'sending' OR (o.claim_id = v.token AND v.status IN ('sent', 'delivered', 'undelivered')))
                          THEN greatest(o.attempt_count - 1, 0) ELSE o.attempt_count END,
+    claim_id = CASE WHEN v.refund AND o.status <> 'sending' AND o.claim_id = v.token AND v.status IN ('sent', 'delivered', 'undelivered')
+                    THEN NULL ELSE o.claim_id END,
     lookup_pending = (v.status = 'queued' AND v.lookup)
                      OR ((v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe)),
     lookups = CASE WHEN o.status = 'sending' THEN o.lookups + v.failed ELSE o.lookups END,

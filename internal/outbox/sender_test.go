@@ -594,6 +594,30 @@ func TestRefundOfAFinishedRow(t *testing.T) {
 	}
 }
 
+// A receipt of acceptance that moves the row to sent before the lookup's
+// result arrives: the lookup's delivered is written over sent, and its
+// claim's attempt is given back with it, once, even when the write is run
+// again after a lost answer.
+func TestRefundOfARowAReceiptMovedOn(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	id := enqueue(t, pool, "+15551234567", "a")
+	c := claimOne(t, pool, id, uuid.New())
+	exec(t, pool, `UPDATE sms_outbox SET status = 'sent', provider_ref = 'msg_1', sent_at = now() WHERE id = $1`, id)
+	found := outbox.Result{ID: id, Status: outbox.StatusDelivered, ProviderRef: "msg_1", Token: c.Token, Refund: true}
+	if w := write(t, pool, false, found); len(w) != 1 {
+		t.Fatalf("the lookup's delivered was not written over sent: %v", w)
+	}
+	for _, again := range []bool{false, true} {
+		if again {
+			write(t, pool, true, found)
+		}
+		if st := status(t, pool, id); st.Attempts != 0 || st.Status != outbox.StatusDelivered {
+			t.Fatalf("status %s, attempt_count %d (again %v), want delivered with the lookup's claim given back once", st.Status, st.Attempts, again)
+		}
+	}
+}
+
 // Dead letters: a dead row has none recorded until MarkLettered, and the
 // reconciler's search finds it meanwhile (once old enough); a replayed row
 // (a new generation) is not marked by a letter of the old one.
