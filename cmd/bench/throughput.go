@@ -44,8 +44,8 @@ type ratioTarget struct {
 
 var ratioTargets = []ratioTarget{
 	{"relay", sideRelay, sideBareRelay, 0.95},
-	{"pipeline", sidePipeline, sideBarePipeline, 0.8},
-	{"pipeline", sideReceipts, sideBareReceipts, 0.8},
+	{"pipeline", sidePipeline, sideBarePipeline, 0.95},
+	{"pipeline", sideReceipts, sideBareReceipts, 0.95},
 }
 
 // pgTarget is a ceiling on Postgres's work per message of a product side
@@ -57,7 +57,7 @@ type pgTarget struct {
 }
 
 var pgTargets = []pgTarget{
-	{sidePipeline, sideBarePipeline, 2, 1.15, 1.5},
+	{sidePipeline, sideBarePipeline, 1.5, 1.1, 1.5},
 }
 
 // sideSummary is one side's runs and their medians, in bench.json.
