@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // State is the status of a message: the sms_outbox table's status column.
@@ -169,6 +170,9 @@ type options struct {
 	sendAt, expiresAt time.Time
 	created           *bool
 	createdEach       *[]bool
+	// traceparent is the caller's span (W3C Trace Context), from the
+	// context; "" when it has none.
+	traceparent string
 }
 
 // WithPriority enqueues the message with priority p (default Normal). An
@@ -274,6 +278,9 @@ const enqueueSQL = `SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4, $5,
 // before those columns as well.
 func insert(id uuid.UUID, to, body string, o options) (string, []any) {
 	switch {
+	case o.traceparent != "":
+		return `INSERT INTO sms_outbox (id, to_e164, body, priority, send_at, expires_at, traceparent) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			[]any{id, to, body, int16(o.priority), nullTime(o.sendAt), nullTime(o.expiresAt), o.traceparent}
 	case !o.sendAt.IsZero() || !o.expiresAt.IsZero():
 		return `INSERT INTO sms_outbox (id, to_e164, body, priority, send_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)`,
 			[]any{id, to, body, int16(o.priority), nullTime(o.sendAt), nullTime(o.expiresAt)}
@@ -281,6 +288,17 @@ func insert(id uuid.UUID, to, body string, o options) (string, []any) {
 		return `INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3)`, []any{id, to, body}
 	}
 	return `INSERT INTO sms_outbox (id, to_e164, body, priority) VALUES ($1, $2, $3, $4)`, []any{id, to, body, int16(o.priority)}
+}
+
+// traceparent is the W3C Trace Context value of the span in ctx (the
+// application's, where it traces with OpenTelemetry), which the relay
+// and the senders continue; "" when ctx holds none.
+func traceparent(ctx context.Context) string {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return ""
+	}
+	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
 }
 
 // keyedArgs are enqueueSQL's arguments.
@@ -331,6 +349,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (u
 		o.setCreated(created)
 		return id, nil
 	}
+	o.traceparent = traceparent(ctx)
 	sql, args := insert(id, to, body, o)
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
@@ -358,6 +377,7 @@ func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string, opts ...Option
 		o.setCreated(created)
 		return id, nil
 	}
+	o.traceparent = traceparent(ctx)
 	query, args := insert(id, to, body, o)
 	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)

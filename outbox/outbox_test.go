@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/migrate"
@@ -394,5 +395,53 @@ func TestStatusOnASchemaBeforeTheStatusFunction(t *testing.T) {
 	})
 	if err == nil {
 		t.Fatal("Status in a transaction before 0010 succeeded")
+	}
+}
+
+// A message enqueued inside a span carries the span's W3C traceparent, by
+// either driver; one enqueued outside any carries none.
+func TestEnqueueCarriesTheCallersTrace(t *testing.T) {
+	t.Parallel()
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:  trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7}, TraceFlags: trace.FlagsSampled,
+	})
+	traced := trace.ContextWithSpanContext(context.Background(), sc)
+	const want = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	sqlDB, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	var ids [3]uuid.UUID
+	if err := pgx.BeginFunc(traced, db, func(tx pgx.Tx) error {
+		var err error
+		if ids[0], err = outbox.Enqueue(traced, tx, "+15551234567", "traced", outbox.WithPriority(outbox.Urgent)); err != nil {
+			return err
+		}
+		ids[1], err = outbox.Enqueue(context.Background(), tx, "+15551234567", "untraced")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := sqlDB.BeginTx(traced, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids[2], err = outbox.EnqueueSQL(traced, tx, "+15551234567", "traced over database/sql"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range []string{want, "", want} {
+		var got *string
+		var prio int
+		if err := db.QueryRow(context.Background(), `SELECT traceparent, priority FROM sms_outbox WHERE id = $1`, ids[i]).Scan(&got, &prio); err != nil {
+			t.Fatal(err)
+		}
+		if (w == "") != (got == nil) || (got != nil && *got != w) || (i == 0 && prio != 1) {
+			t.Errorf("message %d: traceparent %v, priority %d; want %q", i, got, prio, w)
+		}
 	}
 }

@@ -18,6 +18,9 @@ type Pending struct {
 	// Priority is the row's priority (1 urgent, 2 normal, 3 bulk): its
 	// lane's subject.
 	Priority int16
+	// Traceparent is the W3C Trace Context of the span that enqueued the
+	// row; "" when none.
+	Traceparent string
 }
 
 // MsgID returns the Nats-Msg-Id of this publication: the id for generation 0
@@ -41,14 +44,14 @@ func MsgID(id uuid.UUID, gen int32) string {
 func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) {
 	// A row past its expiry is left to the scheduler's sweep (ExpireDue),
 	// which ends it expired: it is never published.
-	rows, _ := tx.Query(ctx, `SELECT id, publish_gen, priority FROM sms_outbox
+	rows, _ := tx.Query(ctx, `SELECT id, publish_gen, priority, coalesce(traceparent, '') FROM sms_outbox
 		WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > now())
 		ORDER BY priority, created_at
 		LIMIT $1
 		FOR NO KEY UPDATE SKIP LOCKED`, limit)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pending, error) {
 		var p Pending
-		err := r.Scan(&p.ID, &p.Gen, &p.Priority)
+		err := r.Scan(&p.ID, &p.Gen, &p.Priority, &p.Traceparent)
 		return p, err
 	})
 	if err != nil {
