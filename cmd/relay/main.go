@@ -33,6 +33,7 @@ import (
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/tracing"
 )
 
 func main() { proc.Main(run) }
@@ -78,6 +79,8 @@ func intro() string {
 
 type config struct {
 	service.Settings
+	// tracing is the process's traces (OTEL_*); nil when off.
+	tracing       *tracing.Tracing
 	directURL     string
 	pollAlone     time.Duration
 	timeInterval  time.Duration
@@ -135,6 +138,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// The packages name their own component (relay, reconciler, retention)
 	// on root; this logger is for the command's own lines.
 	log := root.With("component", "relay")
+	tr, stopTracing, err := service.StartTracing(ctx, "sendonce-relay", getenv, log)
+	if err != nil {
+		log.Error("relay failed", "err", err)
+		return 1
+	}
+	defer stopTracing()
+	c.tracing = tr
 	if err := runRelay(ctx, c, root, log); err != nil {
 		log.Error("relay failed", "err", err)
 		return 1
@@ -267,7 +277,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	r, err := relay.New(relay.Config{
 		Pool: conns.Pool, JetStream: conns.JS, BatchSize: c.batchSize, Workers: c.workers, PublishWindow: c.publishWindow,
 		PollInterval: c.pollInterval, PollAlone: c.pollAlone, TimeInterval: c.timeInterval, Linger: lingerSetting(c.linger), AckTimeout: c.ackTimeout,
-		DBTimeout: c.DBTimeout, Listen: listen, NoListen: noListen, Logger: root, Registerer: reg,
+		DBTimeout: c.DBTimeout, Listen: listen, NoListen: noListen, Logger: root, Registerer: reg, Tracing: c.tracing,
 	})
 	if err != nil {
 		return err

@@ -24,12 +24,15 @@ import (
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/service"
+	"github.com/sendonce/sendonce/internal/tracing"
 )
 
 func main() { proc.Main(run) }
 
 type config struct {
 	service.Settings
+	// tracing is the process's traces (OTEL_*); nil when off.
+	tracing      *tracing.Tracing
 	provider     provider.Settings
 	concurrency  int
 	claimLinger  time.Duration
@@ -154,6 +157,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// The packages name their own component on root; this logger is for the
 	// command's own lines.
 	log := root.With("component", "sender")
+	tr, stopTracing, err := service.StartTracing(ctx, "sendonce-sender", getenv, log)
+	if err != nil {
+		log.Error("sender failed", "err", err)
+		return 1
+	}
+	defer stopTracing()
+	c.tracing = tr
 	if err := runSender(ctx, c, root, log); err != nil {
 		log.Error("sender failed", "err", err)
 		return 1
@@ -167,6 +177,11 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	provs, err := c.provider.Clients(c.concurrency)
 	if err != nil {
 		return err
+	}
+	// A traced message's provider requests are spans of its trace, and
+	// carry its traceparent.
+	for _, p := range provs {
+		p.Client.WrapTransport(c.tracing.Transport)
 	}
 	prov := provs[0].Client
 	// Every provider is named, the only one too: a row names the provider
@@ -220,6 +235,7 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 		Lease: c.lease, RetryBase: c.retryBase, RetryCap: c.retryCap, DBTimeout: c.DBTimeout,
 		ShutdownTimeout: c.ShutdownTimeout, NormalMinShare: c.normalShare, BulkMinShare: c.bulkShare,
 		LookupSettle: c.provider.LookupSettle, LookupBudget: c.lookupBudget, LookupRetention: c.provider.LookupRetention, Flow: lim, Logger: root, Registerer: reg,
+		Tracing: c.tracing,
 	})
 	if err != nil {
 		return err

@@ -220,6 +220,13 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// WrapTransport puts wrap around the client's HTTP transport (the process's
+// tracing: a span for each request and its traceparent header). Call it
+// before the client's first request.
+func (c *Client) WrapTransport(wrap func(http.RoundTripper) http.RoundTripper) {
+	c.http.Transport = wrap(c.http.Transport)
+}
+
 // newAdapter is New for a provider's own API, which honours no key of ours
 // and documents no 503 as taking nothing: only a request that never had a
 // connection, or a status the adapter lists as refused, is certainly not

@@ -29,11 +29,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/telemetry"
+	"github.com/sendonce/sendonce/internal/tracing"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -118,6 +122,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
+	// Tracing makes a span for the publication of each row that carries a
+	// traceparent, and sends the span's in the message's headers; nil
+	// traces nothing.
+	Tracing *tracing.Tracing
 }
 
 func (c *Config) setDefaults() {
@@ -390,6 +398,29 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 // is in the stream) with their stream sequences, and the first error.
 func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID, []int64, error) {
 	futures := make([]jetstream.PubAckFuture, len(rows))
+	// A traced row's publication span, ended at its PubAck.
+	var spans []trace.Span
+	if r.cfg.Tracing != nil {
+		spans = make([]trace.Span, len(rows))
+		defer func() {
+			for _, sp := range spans {
+				if sp != nil {
+					sp.SetStatus(codes.Error, "no PubAck")
+					sp.End()
+				}
+			}
+		}()
+	}
+	ended := func(i int, err error) {
+		if spans == nil || spans[i] == nil {
+			return
+		}
+		if err != nil {
+			spans[i].SetStatus(codes.Error, err.Error())
+		}
+		spans[i].End()
+		spans[i] = nil
+	}
 	acked := make([]uuid.UUID, 0, len(rows))
 	seqs := make([]int64, 0, len(rows))
 	var firstErr error
@@ -406,10 +437,12 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 		case ack := <-f.Ok():
 			acked = append(acked, rows[i].ID)
 			seqs = append(seqs, int64(ack.Sequence))
+			ended(i, nil)
 		case err := <-f.Err():
 			if firstErr == nil {
 				firstErr = err
 			}
+			ended(i, err)
 		case <-deadline.C:
 			timedOut = true
 			if firstErr == nil {
@@ -433,6 +466,9 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 		// Each row goes to its priority's lane, which the senders serve
 		// most urgent first.
 		msg := &nats.Msg{Subject: streams.LaneOf(int(p.Priority)).Subject, Data: payload[start:len(payload):len(payload)]}
+		if spans != nil && p.Traceparent != "" {
+			spans[i] = r.traced(msg, p)
+		}
 		f, err := r.cfg.JetStream.PublishMsgAsync(msg,
 			jetstream.WithMsgID(p.MsgID()), jetstream.WithExpectStream(r.cfg.Stream))
 		if err != nil {
@@ -449,6 +485,22 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 	r.metrics.published.Add(float64(len(acked)))
 	r.metrics.publishErrors.Add(float64(len(rows) - len(acked)))
 	return acked, seqs, firstErr
+}
+
+// traced starts the span of row p's publication in the trace its
+// traceparent names, and puts the span's own traceparent in msg's headers
+// for the senders; nil when the row's value does not parse.
+func (r *Relay) traced(msg *nats.Msg, p outbox.Pending) trace.Span {
+	ctx, ok := tracing.Continue(context.Background(), p.Traceparent)
+	if !ok {
+		return nil
+	}
+	ctx, span := r.cfg.Tracing.Tracer().Start(ctx, "send "+msg.Subject, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(tracing.MessagingSystem, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send"),
+			semconv.MessagingDestinationName(msg.Subject), semconv.MessagingMessageID(p.MsgID())))
+	msg.Header = nats.Header{}
+	msg.Header.Set(tracing.Header, tracing.Format(ctx))
+	return span
 }
 
 // silentRetry is how long after a LISTEN that heard nothing the relay

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	otelattr "go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/wire"
@@ -18,6 +20,9 @@ type held struct {
 	// md is the delivery's metadata, parsed once from its reply subject
 	// when it was fetched; nil if that failed.
 	md *jetstream.MsgMetadata
+	// trace is the span of the message's processing, in the trace its
+	// traceparent header continues; nil when untraced.
+	trace trace.Span
 }
 
 // answer stops the heartbeats and answers JetStream with fn.
@@ -140,7 +145,9 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 	s.health.taken()
 	byID := make(map[uuid.UUID][]held, len(batch))
 	ids := make([]uuid.UUID, 0, len(batch))
-	for _, h := range batch {
+	for i := range batch {
+		s.startTrace(&batch[i])
+		h := batch[i]
 		// Every message is held from its fetch until JetStream is answered:
 		// a claim that waits out a database outage, a slow call or a slow
 		// status write never lets the ack deadline pass and the message go
@@ -174,7 +181,9 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			provs.Each[i] = s.lanePreference(byID[id][0].msg.Subject())
 		}
 	}
+	claimStart := time.Now()
 	claims, deadline, ok := s.claim(hold, ids, from, provs)
+	claimEnd := time.Now()
 	if !ok {
 		// Given up at shutdown without an answer: whether the claim took
 		// the rows is unknown; another sender's claim will find out.
@@ -202,6 +211,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			release()
 		}
 		h := hs[0]
+		s.step(h, "UPDATE sms_outbox", "UPDATE", claimStart, claimEnd, nil, otelattr.String("sendonce.claim", claimResults[c.Result]))
 		switch c.Result {
 		case outbox.Claimed, outbox.ClaimedStale:
 			s.calling.Add(1)
@@ -216,9 +226,11 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			// harmless: this row is finished, never call again.
 			s.metrics.skipped.Inc()
 			h.answer(func(m jetstream.Msg) { _ = m.Ack() })
+			h.endTrace("finished before this delivery", false)
 			release()
 		case outbox.Leased:
 			s.metrics.leased.Inc()
+			h.endTrace("held by another claim", false)
 			back, delays = append(back, h), append(delays, c.LeaseLeft+jitter(time.Second))
 			release()
 		case outbox.NotFound:
@@ -228,12 +240,14 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			// The claim ended the row: its expiry came before any call.
 			s.metrics.decisions.WithLabelValues("expired").Inc()
 			h.answer(func(m jetstream.Msg) { _ = m.Ack() })
+			h.endTrace("expired", false)
 			release()
 		case outbox.Suppressed:
 			// The claim ended the row: its number is on the suppression
 			// list, and no provider is called for it.
 			s.metrics.suppressedRow(c.SuppressedBy, false)
 			h.answer(func(m jetstream.Msg) { _ = m.Ack() })
+			h.endTrace("suppressed", false)
 			release()
 		}
 	}

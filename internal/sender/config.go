@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/tracing"
 )
 
 // Defaults of Config, exported so that the command's flags show the same.
@@ -138,6 +139,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the sender's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
+	// Tracing continues the trace of each message whose headers carry a
+	// traceparent: a span for its processing, its claim, each provider
+	// request (with the HTTP client's transport from Tracing.Transport)
+	// and its status write; nil traces nothing.
+	Tracing *tracing.Tracing
 }
 
 func (c *Config) setDefaults() {

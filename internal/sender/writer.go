@@ -58,7 +58,11 @@ func (s *Sender) writeLoop(hold context.Context, results <-chan result) (unwritt
 		if linger != nil {
 			linger.Stop()
 		}
+		writeStart := time.Now()
 		written, ok := s.writeStatuses(hold, batch)
+		if s.cfg.Tracing != nil {
+			s.traceWrites(batch, written, ok, writeStart, time.Now())
+		}
 		if !ok {
 			// The shutdown timeout passed with the database still away: the
 			// messages go unanswered and come back at their ack deadline.

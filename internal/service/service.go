@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sendonce/sendonce/internal/build"
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/flow"
 	"github.com/sendonce/sendonce/internal/migrate"
@@ -30,6 +31,7 @@ import (
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/telemetry"
+	"github.com/sendonce/sendonce/internal/tracing"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown (SHUTDOWN_TIMEOUT).
@@ -390,4 +392,22 @@ func (c *Conns) Run(ctx context.Context, shutdown time.Duration, log *slog.Logge
 		log.Warn("nats drain", "err", err)
 	}
 	return nil
+}
+
+// StartTracing starts the process's OpenTelemetry traces when the OTEL_*
+// variables ask for them (tracing.Enabled), and returns them with the
+// function that flushes and stops them at exit; nil when off.
+func StartTracing(ctx context.Context, name string, getenv func(string) string, log *slog.Logger) (*tracing.Tracing, func(), error) {
+	t, err := tracing.Start(ctx, name, build.Read().Version, getenv)
+	if err != nil || t == nil {
+		return nil, func() {}, err
+	}
+	log.Info("tracing on: spans go to the OTLP endpoint of OTEL_EXPORTER_OTLP_ENDPOINT", "service", name)
+	return t, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := t.Shutdown(ctx); err != nil {
+			log.Warn("tracing: spans not exported at exit", "err", err)
+		}
+	}, nil
 }
