@@ -87,6 +87,14 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (gofmt -l .; echo "gofmt: files above need formatting"; exit 1)
 
+# chart-check: render the Helm chart (deploy/helm/sendonce) with Helm's SDK
+# for each value set, lint it, and validate every object it renders against
+# the Kubernetes, KEDA and prometheus-operator schemas and the programs'
+# settings. A Go module of its own (deploy/helm/check), run by .ci/run.
+.PHONY: chart-check
+chart-check:
+	bash deploy/helm/check.sh
+
 clean:
 	rm -rf $(BIN) bench.json
 

@@ -190,6 +190,7 @@ func TestSettingsDoc(t *testing.T) {
 	testkit.SettingsDoc(t, "relay migrate", bindMigrate)
 	testkit.SettingsDoc(t, "relay console", bindConsole)
 	testkit.SettingsDoc(t, "relay resolve", bindResolve)
+	testkit.SettingsDoc(t, "relay setup", bindSetup)
 }
 
 // A row must outlive every message that can name it: the work stream keeps
