@@ -211,7 +211,9 @@ func (b *bench) databaseWAL(ctx context.Context, from, to pgSample) ([]walTotal,
 	if !from.ok || !to.ok || from.lsn == "" || to.lsn == "" {
 		return nil, errors.New("no WAL positions")
 	}
-	// A record's first block names its relation by file node; the
+	// A record's first block names its relation by file node (named with
+	// its schema outside public: the history's outbox is another table of
+	// the same name); the
 	// scenario's relations still have theirs (they are emptied before the
 	// next scenario, which gives them new ones).
 	pattern := fmt.Sprintf("%%/%d/%%", to.dbOID)
@@ -225,9 +227,11 @@ func (b *bench) databaseWAL(ctx context.Context, from, to pgSample) ([]walTotal,
 			FROM r
 			WHERE block_ref LIKE $3 OR (xid <> '0' AND xid IN (SELECT xid FROM mine))
 		)
-		SELECT coalesce(c.relname, CASE WHEN k.node IS NULL THEN $4 ELSE 'file node ' || k.node END),
+		SELECT coalesce(CASE WHEN n.nspname = 'public' THEN c.relname ELSE n.nspname || '.' || c.relname END,
+		                CASE WHEN k.node IS NULL THEN $4 ELSE 'file node ' || k.node END),
 		       count(*), coalesce(sum(k.record_length), 0)::bigint, coalesce(sum(k.fpi_length), 0)::bigint
 		FROM kept k LEFT JOIN pg_class c ON c.relfilenode = k.node AND c.relfilenode <> 0
+		LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
 		GROUP BY 1 ORDER BY 3 DESC`, from.lsn, to.lsn, pattern, otherRecords)
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (walTotal, error) {
 		var t walTotal
