@@ -12,4 +12,4 @@
 ALTER TABLE sms_outbox ADD COLUMN IF NOT EXISTS traceparent text;
 
 GRANT INSERT (traceparent) ON sms_outbox TO sendonce_app;
-GRANT SELECT (traceparent) ON sms_outbox TO sendonce_relay, sendonce_console;
+GRANT SELECT (traceparent) ON sms_outbox TO sendonce_relay, sendonce_receiver, sendonce_console;

@@ -31,6 +31,7 @@ import (
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/receiver"
 	"github.com/sendonce/sendonce/internal/service"
+	"github.com/sendonce/sendonce/internal/tracing"
 )
 
 func main() { proc.Main(run) }
@@ -41,6 +42,8 @@ const Announcement = "receiver listening on "
 
 type config struct {
 	service.Settings
+	// tracing is the process's traces (OTEL_*); nil when off.
+	tracing        *tracing.Tracing
 	addr           string
 	secret         string
 	previousSecret string
@@ -135,6 +138,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return code
 	}
 	log := root.With("component", "receiver")
+	tr, stopTracing, err := service.StartTracing(ctx, "sendonce-receiver", getenv, log)
+	if err != nil {
+		log.Error("receiver failed", "err", err)
+		return 1
+	}
+	defer stopTracing()
+	c.tracing = tr
 	if err := serve(ctx, c, root, log, stdout); err != nil {
 		log.Error("receiver failed", "err", err)
 		return 1
@@ -172,6 +182,7 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 	rv, err := receiver.New(receiver.Config{
 		Pool: pool, Secrets: secrets, TwilioToken: c.twilioToken, VonageSecret: []byte(c.vonageSecret), SinchSecret: []byte(c.sinchSecret),
 		TelnyxPublicKey: telnyxKey, PublicURL: c.publicURL, DefaultProvider: c.defaultProv, Window: c.window, DBTimeout: c.DBTimeout, Logger: root, Registerer: tel.Registry,
+		Tracing: c.tracing,
 	})
 	if err != nil {
 		return err

@@ -40,9 +40,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	otelattr "go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/tracing"
 )
 
 // MaxBody is the largest receipt accepted, in bytes.
@@ -108,6 +112,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Tracing makes a span for each receipt that settles a traced row (its
+	// traceparent), linked to the message's trace; nil traces nothing.
+	Tracing *tracing.Tracing
 }
 
 // Receiver serves the receipt endpoints and writes receipts in batches.
@@ -419,6 +426,9 @@ func (rv *Receiver) apply(w http.ResponseWriter, r *http.Request, rc outbox.Rece
 	}
 	result := classify(res)
 	rv.metrics.count(rc.Source, result)
+	if rv.cfg.Tracing != nil && res.Found {
+		rv.traceReceipt(r, rc, result)
+	}
 	switch result {
 	case "contradicted":
 		rv.log.Warn("receipt for a message recorded dead: the provider had it, and the row now says so; a person should look at how it came to be dead",
@@ -633,4 +643,29 @@ func (rv *Receiver) Serve(ctx context.Context, ln net.Listener, shutdown time.Du
 		return fmt.Errorf("receiver: shutdown: %w", err)
 	}
 	return nil
+}
+
+// traceReceipt records the receipt's handling as a span of the request
+// (the provider's trace, where it sent a traceparent) linked to the
+// message's trace: a receipt comes long after the message's own spans
+// ended, and a person looking at either finds the other. Only for a row
+// that carries a traceparent; a failed read of it records nothing.
+func (rv *Receiver) traceReceipt(r *http.Request, rc outbox.Receipt, result string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), rv.cfg.DBTimeout)
+	defer cancel()
+	var tp *string
+	if err := rv.cfg.Pool.QueryRow(ctx, `SELECT traceparent FROM sms_outbox WHERE id = $1`, rc.ID).Scan(&tp); err != nil || tp == nil {
+		return
+	}
+	msg, ok := tracing.Parse(*tp)
+	if !ok {
+		return
+	}
+	parent, _ := tracing.Continue(context.Background(), r.Header.Get(tracing.Header))
+	_, span := rv.cfg.Tracing.Tracer().Start(parent, "receipt "+rc.Source, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithLinks(trace.Link{SpanContext: msg}),
+		trace.WithAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(r.URL.Path),
+			otelattr.String("sendonce.receipt.status", string(rc.Status)), otelattr.String("sendonce.receipt.result", result),
+			otelattr.String("sendonce.outbox_id", rc.ID.String())))
+	span.End()
 }

@@ -21,10 +21,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/receiver"
 	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/tracing"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }
@@ -467,4 +471,42 @@ func BenchmarkReceiptStorm(b *testing.B) {
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "receipts/s")
 	b.ReportMetric(float64(latencies[b.N/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(latencies[b.N*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// A receipt for a traced row makes a span of the receiver's, linked to the
+// message's trace; one for an untraced row makes none. The receiver reads
+// the row's traceparent as its own least-privilege role.
+func TestAReceiptIsLinkedToItsMessagesTrace(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	f := start(t, func(c *receiver.Config) {
+		c.TwilioToken = ""
+		c.Tracing = tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	})
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	traced, untraced := f.row("sent"), f.row("sent")
+	if _, err := f.admin.Exec(context.Background(), `UPDATE sms_outbox SET traceparent = $2 WHERE id = $1`, traced, tp); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uuid.UUID{traced, untraced} {
+		body := receiptBody(id.String(), "delivered")
+		if code, res := f.post(body, receiver.SignGeneric(secret, body, time.Now())); code != http.StatusOK || res != "applied" {
+			t.Fatalf("receipt: %d %q", code, res)
+		}
+	}
+	spans := rec.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want one, for the traced row's receipt", len(spans))
+	}
+	s := spans[0]
+	msg, _ := tracing.Parse(tp)
+	if s.Name() != "receipt generic" || len(s.Links()) != 1 || s.Links()[0].SpanContext.TraceID() != msg.TraceID() ||
+		s.Links()[0].SpanContext.SpanID() != msg.SpanID() || s.SpanKind() != trace.SpanKindServer {
+		t.Fatalf("span %q kind %v links %+v; want receipt generic, a server span linked to %s", s.Name(), s.SpanKind(), s.Links(), tp)
+	}
+	for _, kv := range s.Attributes() {
+		if v := kv.Value.Emit(); strings.Contains(v, "5551234567") || strings.Contains(v, "482901") {
+			t.Errorf("attribute %s holds the number or the body", kv.Key)
+		}
+	}
 }

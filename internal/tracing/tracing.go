@@ -84,8 +84,13 @@ func Start(ctx context.Context, service, version string, getenv func(string) str
 	if err != nil {
 		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return &Tracing{provider: tp, tracer: tp.Tracer("github.com/sendonce/sendonce")}, nil
+	return New(sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))), nil
+}
+
+// New is tracing through tp, a provider the caller made (a test's, with
+// an in-memory recorder).
+func New(tp *sdktrace.TracerProvider) *Tracing {
+	return &Tracing{provider: tp, tracer: tp.Tracer("github.com/sendonce/sendonce")}
 }
 
 // Shutdown exports the spans still buffered and stops the exporter.
