@@ -54,6 +54,20 @@ func loadRepo(t *testing.T) repoFacts {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The OpenTelemetry variables the relay, the sender and the receiver
+	// read (the SDK's, not their flags): docs/observability.md lists them.
+	otel, err := Settings(filepath.Join(root, "docs", "observability.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(otel["Turning it on"]) == 0 {
+		t.Fatal(`docs/observability.md: no variables under "Turning it on"`)
+	}
+	for _, program := range []string{"relay", "sender", "receiver"} {
+		for name := range otel["Turning it on"] {
+			settings[program][name] = true
+		}
+	}
 	consumers, err := Consumers(filepath.Join(root, "nats"))
 	if err != nil {
 		t.Fatal(err)

@@ -263,3 +263,15 @@ autoscaling). */}}
 {{- fail (printf "autoscaling.mode must be auto, keda or hpa, not %q" $mode) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* OpenTelemetry (docs/observability.md): on with an endpoint. */}}
+{{- define "sendonce.tracingEnv" -}}
+{{- with .Values.tracing.otlpEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- range $k, $v := $.Values.tracing.env }}
+- name: {{ $k }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
