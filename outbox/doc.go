@@ -185,14 +185,16 @@ An application in another language writes the same row itself:
 	INSERT INTO sms_outbox (id, to_e164, body) VALUES ($1, $2, $3);  -- $1: a UUID, version 7 best (it sorts by time)
 	SELECT status, provider_ref, last_error FROM sendonce_status($1);
 
-with, if it wants them, the columns priority, idempotency_key, send_at and
-expires_at in the same INSERT. A plain INSERT ... ON CONFLICT DO NOTHING
+with, if it wants them, the columns priority, idempotency_key, send_at,
+expires_at and traceparent (its tracing SDK's W3C Trace Context of the
+current span) in the same INSERT. A plain INSERT ... ON CONFLICT DO NOTHING
 with a key already used writes nothing; sendonce_enqueue writes the
 message or returns the one its key names (and refuses another number or
 body with unique_violation), in one statement:
 
 	SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4);  -- id, number, body, key
 	SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4, 2::smallint, NULL, now() + interval '10 minutes');
+	SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4, 2::smallint, NULL, NULL, $5);  -- $5: traceparent
 	SELECT sendonce_cancel($1);  -- the status after it; NULL: no such message
 */
 package outbox

@@ -272,6 +272,11 @@ type Message struct {
 // names (and refuses another number or body), in one round trip.
 const enqueueSQL = `SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4, $5, $6, $7)`
 
+// enqueueTracedSQL is enqueueSQL with the caller's traceparent (migration
+// 0033), named only when there is one, so that an untraced message is
+// written by a database migrated before it as well.
+const enqueueTracedSQL = `SELECT id, created FROM sendonce_enqueue($1, $2, $3, $4, $5, $6, $7, $8)`
+
 // insert returns the statement and arguments that write one message
 // without a key. A message with no more than a number and a body names no
 // other column, so that an application works against a database migrated
@@ -301,9 +306,14 @@ func traceparent(ctx context.Context) string {
 	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
 }
 
-// keyedArgs are enqueueSQL's arguments.
-func keyedArgs(id uuid.UUID, to, body string, o options) []any {
-	return []any{id, to, body, o.key, int16(o.priority), nullTime(o.sendAt), nullTime(o.expiresAt)}
+// keyedInsert returns the statement and arguments that write one message with a
+// key: enqueueSQL, or enqueueTracedSQL for a traced one.
+func keyedInsert(id uuid.UUID, to, body string, o options) (string, []any) {
+	args := []any{id, to, body, o.key, int16(o.priority), nullTime(o.sendAt), nullTime(o.expiresAt)}
+	if o.traceparent != "" {
+		return enqueueTracedSQL, append(args, o.traceparent)
+	}
+	return enqueueSQL, args
 }
 
 // nullTime is t, or nil (SQL NULL) for the zero time.
@@ -331,7 +341,9 @@ func keyed(err error) error {
 // commits. Invalid input returns a *ValidationError before any SQL. With
 // WithKey, a key that already names a message with the same number and
 // body returns that message's id and writes nothing (see Created); with
-// another, an error matching ErrKeyReused.
+// another, an error matching ErrKeyReused. When ctx holds an OpenTelemetry
+// span, the message carries its W3C traceparent, and the relay and the
+// senders continue that trace to the provider's request.
 func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (uuid.UUID, error) {
 	o, err := apply(opts)
 	if err != nil {
@@ -341,15 +353,16 @@ func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (u
 	if err != nil {
 		return uuid.Nil, err
 	}
+	o.traceparent = traceparent(ctx)
 	if o.keyed {
 		var created bool
-		if err := tx.QueryRow(ctx, enqueueSQL, keyedArgs(id, to, body, o)...).Scan(&id, &created); err != nil {
+		query, args := keyedInsert(id, to, body, o)
+		if err := tx.QueryRow(ctx, query, args...).Scan(&id, &created); err != nil {
 			return uuid.Nil, keyed(err)
 		}
 		o.setCreated(created)
 		return id, nil
 	}
-	o.traceparent = traceparent(ctx)
 	sql, args := insert(id, to, body, o)
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
@@ -369,15 +382,16 @@ func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string, opts ...Option
 	if err != nil {
 		return uuid.Nil, err
 	}
+	o.traceparent = traceparent(ctx)
 	if o.keyed {
 		var created bool
-		if err := tx.QueryRowContext(ctx, enqueueSQL, keyedArgs(id, to, body, o)...).Scan(&id, &created); err != nil {
+		query, args := keyedInsert(id, to, body, o)
+		if err := tx.QueryRowContext(ctx, query, args...).Scan(&id, &created); err != nil {
 			return uuid.Nil, keyed(err)
 		}
 		o.setCreated(created)
 		return id, nil
 	}
-	o.traceparent = traceparent(ctx)
 	query, args := insert(id, to, body, o)
 	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
@@ -453,11 +467,18 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message, opts ...Option
 		allNormal = allNormal && p == Normal
 	}
 	created := make([]bool, len(msgs))
+	// One caller's span for the whole batch.
+	tp := traceparent(ctx)
 	var err error
 	switch {
 	case anyKey:
-		rows, _ := tx.Query(ctx, `SELECT id, created FROM sendonce_enqueue_batch($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::timestamptz[], $7::timestamptz[])`,
-			raw, tos, bodies, keys, prios, sendAts, expires)
+		query := `SELECT id, created FROM sendonce_enqueue_batch($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::timestamptz[], $7::timestamptz[])`
+		args := []any{raw, tos, bodies, keys, prios, sendAts, expires}
+		if tp != "" {
+			query = `SELECT id, created FROM sendonce_enqueue_batch($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::timestamptz[], $7::timestamptz[], $8::text)`
+			args = append(args, tp)
+		}
+		rows, _ := tx.Query(ctx, query, args...)
 		i := 0
 		var id uuid.UUID
 		var c bool
@@ -474,6 +495,10 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message, opts ...Option
 		if i != len(ids) {
 			return nil, fmt.Errorf("outbox: insert batch of %d: %d ids returned", len(msgs), i)
 		}
+	case tp != "":
+		_, err = tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, priority, send_at, expires_at, traceparent)
+			SELECT u.*, $7::text FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::timestamptz[], $6::timestamptz[]) AS u`,
+			raw, tos, bodies, prios, sendAts, expires, tp)
 	case anyTime:
 		_, err = tx.Exec(ctx, `INSERT INTO sms_outbox (id, to_e164, body, priority, send_at, expires_at)
 			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::timestamptz[], $6::timestamptz[])`,

@@ -399,7 +399,8 @@ func TestStatusOnASchemaBeforeTheStatusFunction(t *testing.T) {
 }
 
 // A message enqueued inside a span carries the span's W3C traceparent, by
-// either driver; one enqueued outside any carries none.
+// either driver, with a key or without, alone or in a batch; one enqueued
+// outside any carries none.
 func TestEnqueueCarriesTheCallersTrace(t *testing.T) {
 	t.Parallel()
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
@@ -413,13 +414,35 @@ func TestEnqueueCarriesTheCallersTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sqlDB.Close()
-	var ids [3]uuid.UUID
+	var ids [9]uuid.UUID
+	key := uuid.NewString()
 	if err := pgx.BeginFunc(traced, db, func(tx pgx.Tx) error {
 		var err error
 		if ids[0], err = outbox.Enqueue(traced, tx, "+15551234567", "traced", outbox.WithPriority(outbox.Urgent)); err != nil {
 			return err
 		}
-		ids[1], err = outbox.Enqueue(context.Background(), tx, "+15551234567", "untraced")
+		if ids[1], err = outbox.Enqueue(context.Background(), tx, "+15551234567", "untraced"); err != nil {
+			return err
+		}
+		// Through sendonce_enqueue and sendonce_enqueue_batch (a key), and
+		// a batch without keys.
+		if ids[3], err = outbox.Enqueue(traced, tx, "+15551234567", "traced with a key", outbox.WithKey(key+"-1")); err != nil {
+			return err
+		}
+		if ids[4], err = outbox.Enqueue(context.Background(), tx, "+15551234567", "untraced with a key", outbox.WithKey(key+"-2")); err != nil {
+			return err
+		}
+		batch, err := outbox.EnqueueBatch(traced, tx, []outbox.Message{{To: "+15551234567", Body: "keyed batch", Key: key + "-3"}, {To: "+15551234567", Body: "keyed batch, no key"}})
+		if err != nil {
+			return err
+		}
+		ids[5], ids[6] = batch[0], batch[1]
+		if batch, err = outbox.EnqueueBatch(traced, tx, []outbox.Message{{To: "+15551234567", Body: "batch"}}); err != nil {
+			return err
+		}
+		ids[7] = batch[0]
+		batch, err = outbox.EnqueueBatch(context.Background(), tx, []outbox.Message{{To: "+15551234567", Body: "untraced batch", Key: key + "-4"}})
+		ids[8] = batch[0]
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -434,7 +457,7 @@ func TestEnqueueCarriesTheCallersTrace(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	for i, w := range []string{want, "", want} {
+	for i, w := range []string{want, "", want, want, "", want, want, want, ""} {
 		var got *string
 		var prio int
 		if err := db.QueryRow(context.Background(), `SELECT traceparent, priority FROM sms_outbox WHERE id = $1`, ids[i]).Scan(&got, &prio); err != nil {
