@@ -16,11 +16,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/streams"
 	"github.com/sendonce/sendonce/internal/tracing"
 	"github.com/sendonce/sendonce/outbox"
 )
@@ -283,4 +286,47 @@ func spanHex(id []byte) string {
 		out = append(out, hexdigits[b>>4], hexdigits[b&15])
 	}
 	return string(out)
+}
+
+// A row the reconciler republishes (its message lost, or its retry parked
+// in Postgres) goes out in its trace too: a publication span under the
+// row's span, whose traceparent the republished message carries.
+func TestARepublicationContinuesTheTrace(t *testing.T) {
+	t.Parallel()
+	e := setup(t, envOptions{})
+	ids := e.insert(1)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if _, err := e.pool.Exec(context.Background(), `UPDATE sms_outbox SET traceparent = $2 WHERE id = $1`, ids[0], tp); err != nil {
+		t.Fatal(err)
+	}
+	e.lose(ids)
+	rec := tracetest.NewSpanRecorder()
+	_, js := e.nats.Connect(t)
+	r, err := relay.NewReconciler(relay.ReconcilerConfig{
+		Pool: e.pool, JetStream: js, Interval: time.Hour, Grace: time.Minute, Logger: e.logger(),
+		Tracing: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.Pass(context.Background()); err != nil || n != 1 {
+		t.Fatalf("reconciler pass: %d rows, %v; want the lost one", n, err)
+	}
+	spans := rec.Ended()
+	row, _ := tracing.Parse(tp)
+	if len(spans) != 1 || spans[0].Parent().SpanID() != row.SpanID() || spans[0].SpanContext().TraceID() != row.TraceID() {
+		t.Fatalf("spans %v, want one publication under the row's span", spans)
+	}
+	stream, err := js.Stream(context.Background(), streams.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.GetLastMsgForSubject(context.Background(), "sms.send.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "00-" + row.TraceID().String() + "-" + spans[0].SpanContext().SpanID().String() + "-01"
+	if got := msg.Header.Get(tracing.Header); got != want {
+		t.Fatalf("the republished message's traceparent %q, want %q", got, want)
+	}
 }

@@ -289,7 +289,7 @@ func runRelay(ctx context.Context, c config, root, log *slog.Logger) error {
 	if c.reconcile {
 		rec, err := relay.NewReconciler(relay.ReconcilerConfig{
 			Pool: conns.Pool, JetStream: conns.JS, Interval: c.reconcileInt, Grace: c.reconcileAge,
-			DBTimeout: c.DBTimeout, Logger: root, Registerer: reg,
+			DBTimeout: c.DBTimeout, Logger: root, Registerer: reg, Tracing: c.tracing,
 		})
 		if err != nil {
 			return err

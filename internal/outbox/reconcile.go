@@ -28,6 +28,9 @@ type Stuck struct {
 	// answer (or its write missed its claim): the provider is to be asked
 	// before anything else.
 	LookupPending bool
+	// Traceparent is the W3C Trace Context the row was enqueued in; "" when
+	// none.
+	Traceparent string
 }
 
 // Spent reports whether the row has no attempt left.
@@ -57,7 +60,8 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 // bulk lanes' consumers, in that order.
 func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, done [3]uint64, lastSeq uint64, limit int) ([]Stuck, error) {
 	seq := func(s uint64) int64 { return int64(min(s, 1<<62)) }
-	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted, priority, lookup_pending
+	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted, priority, lookup_pending,
+		       coalesce(traceparent, '')
 		FROM sms_outbox
 		WHERE status IN ('queued', 'sending')
 		  AND ((status = 'sending' AND coalesce(lease_until, updated_at) < now() - $1::interval
@@ -71,7 +75,7 @@ func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, done [3]uin
 		FOR NO KEY UPDATE SKIP LOCKED`, grace, seq(done[0]), limit, seq(lastSeq), seq(done[1]), seq(done[2]))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
-		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted, &s.Priority, &s.LookupPending)
+		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted, &s.Priority, &s.LookupPending, &s.Traceparent)
 		return s, err
 	})
 	if err != nil {

@@ -13,10 +13,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/tracing"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 
@@ -45,6 +48,9 @@ type ReconcilerConfig struct {
 	// Logger and Registerer as for the relay.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Tracing continues a traced row's trace through its republication,
+	// as the relay's publication does; nil traces nothing.
+	Tracing *tracing.Tracing
 }
 
 // Reconciler finds rows no message will move any more (the broker lost the
@@ -242,8 +248,18 @@ func (r *Reconciler) handle(ctx context.Context, tx pgx.Tx, s outbox.Stuck) (*de
 	}
 	gen := s.Gen + 1
 	payload := wire.AppendEncode(nil, wire.Send{ID: s.ID, Gen: gen})
-	ack, err := r.cfg.JetStream.PublishMsg(ctx, &nats.Msg{Subject: streams.LaneOf(int(s.Priority)).Subject, Data: payload},
-		jetstream.WithMsgID(outbox.MsgID(s.ID, gen)), jetstream.WithExpectStream(r.cfg.Stream))
+	msg := &nats.Msg{Subject: streams.LaneOf(int(s.Priority)).Subject, Data: payload}
+	var span trace.Span
+	if r.cfg.Tracing != nil && s.Traceparent != "" {
+		span = publishSpan(r.cfg.Tracing, msg, s.Traceparent, outbox.MsgID(s.ID, gen))
+	}
+	ack, err := r.cfg.JetStream.PublishMsg(ctx, msg, jetstream.WithMsgID(outbox.MsgID(s.ID, gen)), jetstream.WithExpectStream(r.cfg.Stream))
+	if span != nil {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("republish: %w", err)
 	}

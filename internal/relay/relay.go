@@ -487,17 +487,23 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 	return acked, seqs, firstErr
 }
 
-// traced starts the span of row p's publication in the trace its
-// traceparent names, and puts the span's own traceparent in msg's headers
-// for the senders; nil when the row's value does not parse.
+// traced starts the span of row p's publication (publishSpan).
 func (r *Relay) traced(msg *nats.Msg, p outbox.Pending) trace.Span {
-	ctx, ok := tracing.Continue(context.Background(), p.Traceparent)
+	return publishSpan(r.cfg.Tracing, msg, p.Traceparent, p.MsgID())
+}
+
+// publishSpan starts the span of a row's publication as msg, under the
+// Nats-Msg-Id msgID, in the trace its traceparent names, and puts the
+// span's own traceparent in msg's headers for the senders; nil when the
+// row's value does not parse.
+func publishSpan(t *tracing.Tracing, msg *nats.Msg, traceparent, msgID string) trace.Span {
+	ctx, ok := tracing.Continue(context.Background(), traceparent)
 	if !ok {
 		return nil
 	}
-	ctx, span := r.cfg.Tracing.Tracer().Start(ctx, "send "+msg.Subject, trace.WithSpanKind(trace.SpanKindProducer),
+	ctx, span := t.Tracer().Start(ctx, "send "+msg.Subject, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(tracing.MessagingSystem, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send"),
-			semconv.MessagingDestinationName(msg.Subject), semconv.MessagingMessageID(p.MsgID())))
+			semconv.MessagingDestinationName(msg.Subject), semconv.MessagingMessageID(msgID)))
 	msg.Header = nats.Header{}
 	msg.Header.Set(tracing.Header, tracing.Format(ctx))
 	return span
