@@ -184,6 +184,22 @@ func plural(n int, what string) string {
 // a redundant delivery attempt.
 const DedupSafeVersion = "2.11.0"
 
+// MinServerVersion is the oldest nats-server the topology runs on: the
+// senders' consumers each filter several subjects (a lane's, and sms.send
+// from before lanes), which nats-server takes from 2.10 on.
+const MinServerVersion = "2.10.0"
+
+// CheckServerVersion refuses a server older than MinServerVersion, in one
+// line that says what is needed and where to get it; an unreadable
+// version passes (the server's own refusal then names the feature).
+func CheckServerVersion(version string) error {
+	if !versionBefore(version, MinServerVersion) {
+		return nil
+	}
+	return fmt.Errorf("nats-server %s is too old: sendonce needs %s or newer (%s or newer for a cluster); `make build` builds one in bin/nats-server, or take a release from https://github.com/nats-io/nats-server/releases",
+		version, strings.TrimSuffix(MinServerVersion, ".0"), strings.TrimSuffix(DedupSafeVersion, ".0"))
+}
+
 // VersionNote returns a warning when a server of version (as the server
 // reports it, "2.10.22") runs replicated streams without the dedup fix,
 // and "" otherwise.
@@ -241,6 +257,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, s Settings, log *slog.Lo
 	}
 	if topo, err = topo.WithReplicas(max(s.Replicas, 1)); err != nil {
 		return nil, fmt.Errorf("NATS_REPLICAS: %w", err)
+	}
+	if err := CheckServerVersion(js.Conn().ConnectedServerVersion()); err != nil {
+		return nil, err
 	}
 	if note := VersionNote(js.Conn().ConnectedServerVersion(), topo.replicas()); note != "" {
 		log.Warn(note)

@@ -1,9 +1,12 @@
 package streams_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -311,5 +314,67 @@ func TestPlacementPending(t *testing.T) {
 		if got := streams.PlacementPending(tc.err); got != tc.want {
 			t.Errorf("PlacementPending(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+func TestCheckServerVersion(t *testing.T) {
+	t.Parallel()
+	for v, ok := range map[string]bool{"2.9.25": false, "2.2.0": false, "v2.9.0": false, "2.10.0": true, "2.10.22": true,
+		"v2.10.0-beta.1": true, "2.15.2": true, "3.0.0": true, "": true, "garbage": true} {
+		err := streams.CheckServerVersion(v)
+		if (err == nil) != ok {
+			t.Errorf("CheckServerVersion(%q) = %v, want ok %v", v, err, ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "needs 2.10 or newer") || !strings.Contains(err.Error(), "bin/nats-server")) {
+			t.Errorf("CheckServerVersion(%q) = %q: want the version needed and where to get one", v, err)
+		}
+	}
+}
+
+// A server that says it is 2.9 (the protocol's INFO line, over a real
+// socket) is refused before any JetStream request, in one line.
+func TestSetupRefusesAnOldServer(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "INFO {\"server_id\":\"old\",\"version\":\"2.9.25\",\"proto\":1,\"headers\":true,\"max_payload\":1048576,\"jetstream\":true}\r\n")
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if strings.HasPrefix(line, "PING") {
+						fmt.Fprint(c, "PONG\r\n")
+					}
+				}
+			}()
+		}
+	}()
+	nc, err := nats.Connect("nats://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = streams.Setup(ctx, js, streams.Settings{Ensure: true}, slog.New(slog.DiscardHandler), nil)
+	if err == nil || !strings.Contains(err.Error(), "nats-server 2.9.25 is too old: sendonce needs 2.10 or newer") {
+		t.Fatalf("Setup on 2.9.25 = %v, want the refusal", err)
 	}
 }
