@@ -52,7 +52,13 @@ func bindConsole(s *envflag.Set, c *consoleConfig) {
 	s.String(&c.addr, "console-addr", "CONSOLE_ADDR", "", "address the console listens on, such as 127.0.0.1:8089")
 	s.Required(&c.addr, "console-addr")
 	s.String(&c.usersFile, "console-users-file", "CONSOLE_USERS_FILE", "", "file of the users who may log in: one a line, name:bcrypt-hash:role (viewer or operator), # comments")
-	s.Required(&c.usersFile, "console-users-file")
+	s.Check(func() error {
+		if strings.TrimSpace(c.usersFile) == "" {
+			return errors.New("-console-users-file / CONSOLE_USERS_FILE is required: a file of name:bcrypt-hash:role lines; " +
+				"`relay console user NAME ROLE` prints one, reading the password on stdin (ROLE: viewer or operator)")
+		}
+		return nil
+	})
 	s.Check(func() error {
 		if c.usersFile == "" {
 			return nil

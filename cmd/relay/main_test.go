@@ -44,6 +44,7 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"log format", map[string]string{"LOG_FORMAT": "xml"}, nil, "LOG_FORMAT"},
 		{"bad flag", nil, []string{"-publish-window", "-3"}, "-publish-window"},
 		{"unknown flag", nil, []string{"-bogus"}, "bogus"},
+		{"console without users", map[string]string{"CONSOLE_ADDR": "127.0.0.1:0"}, []string{"console"}, "`relay console user NAME ROLE` prints one"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
