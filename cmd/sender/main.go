@@ -32,23 +32,25 @@ func main() { proc.Main(run) }
 type config struct {
 	service.Settings
 	// tracing is the process's traces (OTEL_*); nil when off.
-	tracing      *tracing.Tracing
-	provider     provider.Settings
-	concurrency  int
-	claimLinger  time.Duration
-	writeLinger  time.Duration
-	lease        time.Duration
-	retryBase    time.Duration
-	retryCap     time.Duration
-	rateLimit    float64
-	rateBurst    float64
-	rateSenders  int
-	normalShare  float64
-	bulkShare    float64
-	lookupBudget int
-	overdue      time.Duration
-	overdueLooks int
-	overdueRate  float64
+	tracing *tracing.Tracing
+	// idempotentSet: SMS_API_IDEMPOTENT (or its flag) was given.
+	idempotentSet bool
+	provider      provider.Settings
+	concurrency   int
+	claimLinger   time.Duration
+	writeLinger   time.Duration
+	lease         time.Duration
+	retryBase     time.Duration
+	retryCap      time.Duration
+	rateLimit     float64
+	rateBurst     float64
+	rateSenders   int
+	normalShare   float64
+	bulkShare     float64
+	lookupBudget  int
+	overdue       time.Duration
+	overdueLooks  int
+	overdueRate   float64
 	// laneProviders is SMS_LANE_PROVIDERS, parsed by the check.
 	laneProvidersRaw string
 	laneProviders    map[string]string
@@ -157,6 +159,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// The packages name their own component on root; this logger is for the
 	// command's own lines.
 	log := root.With("component", "sender")
+	c.idempotentSet = getenv("SMS_API_IDEMPOTENT") != "" || slices.ContainsFunc(args[1:], func(a string) bool {
+		return strings.HasPrefix(strings.TrimLeft(a, "-"), "sms-api-idempotent")
+	})
 	tr, stopTracing, err := service.StartTracing(ctx, "sendonce-sender", getenv, log)
 	if err != nil {
 		log.Error("sender failed", "err", err)
@@ -182,6 +187,9 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	// carry its traceparent.
 	for _, p := range provs {
 		p.Client.WrapTransport(c.tracing.Transport)
+	}
+	for _, w := range promiseWarnings(c.provider, provs, c.idempotentSet) {
+		log.Warn(w)
 	}
 	prov := provs[0].Client
 	// Every provider is named, the only one too: a row names the provider
@@ -273,4 +281,26 @@ func runSender(ctx context.Context, c config, root, log *slog.Logger) error {
 	}
 	log.Info("sender stopped")
 	return nil
+}
+
+// promiseWarnings names each setting combination that weakens "exactly once
+// as the user sees it" without being wrong: a provider that honours no key
+// with neither lookups nor receipts to settle a lost answer, a generic
+// provider over https without a key, SMS_API_IDEMPOTENT where the
+// provider's own API decides. Start-up goes on; each is logged.
+func promiseWarnings(p provider.Settings, provs []provider.Named, idempotentSet bool) []string {
+	var out []string
+	for _, n := range provs {
+		if !n.Client.Idempotent() && !n.Client.CanLookup() && p.ReceiptsURL == "" {
+			out = append(out, fmt.Sprintf("%s honours no Idempotency-Key and neither lookups (SMS_API_LOOKUP) nor receipts (RECEIPTS_PUBLIC_URL) are on: "+
+				"a message whose answer is lost ends unknown, for a person to settle (relay resolve, the console)", n.Name))
+		}
+		if n.Name != "generic" && idempotentSet {
+			out = append(out, fmt.Sprintf("SMS_API_IDEMPOTENT is for the generic provider only; %s's own API decides (idempotent: %v)", n.Name, n.Client.Idempotent()))
+		}
+		if n.Name == "generic" && strings.HasPrefix(p.BaseURL, "https://") && p.APIKey == "" {
+			out = append(out, "the generic provider is https but SMS_API_KEY is empty: requests carry no credentials")
+		}
+	}
+	return out
 }

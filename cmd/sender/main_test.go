@@ -353,3 +353,46 @@ func TestStartsWhileNATSIsDown(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 }
+
+// Each weak combination of settings is named at start-up; a sound one
+// says nothing.
+func TestPromiseWarnings(t *testing.T) {
+	t.Parallel()
+	twilio := provider.Settings{Kind: "twilio", TwilioSID: "AC" + strings.Repeat("a", 32), TwilioToken: "token", TwilioFrom: "+15550001111",
+		Timeout: time.Second, Idempotent: true}
+	generic := provider.Settings{Kind: "generic", BaseURL: "https://sms.example.com", APIKey: "key", Timeout: time.Second, Idempotent: true}
+	withReceipts := twilio
+	withReceipts.ReceiptsURL = "https://receipts.example.com"
+	keyless := generic
+	keyless.APIKey = ""
+	unkeyed := generic
+	unkeyed.Idempotent = false
+	for _, tt := range []struct {
+		name    string
+		s       provider.Settings
+		idemSet bool
+		want    []string
+	}{
+		{"twilio alone", twilio, false, []string{"twilio honours no Idempotency-Key and neither lookups"}},
+		{"twilio with receipts", withReceipts, false, nil},
+		{"twilio told it is idempotent", withReceipts, true, []string{"SMS_API_IDEMPOTENT is for the generic provider only; twilio's"}},
+		{"generic", generic, true, nil},
+		{"generic without a key over https", keyless, false, []string{"SMS_API_KEY is empty"}},
+		{"generic without idempotency", unkeyed, false, []string{"generic honours no Idempotency-Key"}},
+	} {
+		provs, err := tt.s.Clients(1)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		got := promiseWarnings(tt.s, provs, tt.idemSet)
+		if len(got) != len(tt.want) {
+			t.Errorf("%s: warnings %q, want %d", tt.name, got, len(tt.want))
+			continue
+		}
+		for i, w := range tt.want {
+			if !strings.Contains(got[i], w) {
+				t.Errorf("%s: warning %q, want it to say %q", tt.name, got[i], w)
+			}
+		}
+	}
+}
