@@ -99,6 +99,24 @@ var ErrInvalid = errors.New("outbox: invalid message")
 // row: it was never committed, or it finished long enough ago to be purged.
 var ErrNotFound = errors.New("outbox: no such message")
 
+// ErrNotMigrated is matched (errors.Is) by the error of a call on a
+// database that has no sms_outbox, or not the functions the call needs: a
+// database never migrated, or migrated by an older release. Run `relay
+// migrate` of this release first; nothing was written.
+var ErrNotMigrated = errors.New("outbox: the database is not migrated for this release: run relay migrate first")
+
+// dbError wraps err, from the statement that did what, with ErrNotMigrated
+// when Postgres says a table or a function is missing (undefined_table
+// 42P01, undefined_function 42883, from any driver that reports the
+// SQLSTATE).
+func dbError(what string, err error) error {
+	var st interface{ SQLState() string }
+	if errors.As(err, &st) && (st.SQLState() == "42P01" || st.SQLState() == "42883") {
+		return fmt.Errorf("outbox: %s: %w (%w)", what, ErrNotMigrated, err)
+	}
+	return fmt.Errorf("outbox: %s: %w", what, err)
+}
+
 // ValidationError names the field of a message that was refused. Its text
 // never contains the field's value: phone numbers and bodies stay out of
 // logs.
@@ -332,7 +350,7 @@ func keyed(err error) error {
 	if errors.As(err, &st) && st.SQLState() == "23505" {
 		return fmt.Errorf("%w (nothing written)", ErrKeyReused)
 	}
-	return fmt.Errorf("outbox: insert: %w", err)
+	return dbError("insert", err)
 }
 
 // Enqueue records the intent to send body to the E.164 number to, inside
@@ -365,7 +383,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (u
 	}
 	sql, args := insert(id, to, body, o)
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
-		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
+		return uuid.Nil, dbError("insert", err)
 	}
 	o.setCreated(true)
 	return id, nil
@@ -394,7 +412,7 @@ func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string, opts ...Option
 	}
 	query, args := insert(id, to, body, o)
 	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
-		return uuid.Nil, fmt.Errorf("outbox: insert: %w", err)
+		return uuid.Nil, dbError("insert", err)
 	}
 	o.setCreated(true)
 	return id, nil
@@ -511,7 +529,7 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message, opts ...Option
 			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[])`, raw, tos, bodies, prios)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("outbox: insert batch of %d: %w", len(msgs), err)
+		return nil, dbError(fmt.Sprintf("insert batch of %d", len(msgs)), err)
 	}
 	if !anyKey {
 		for i := range created {
@@ -627,7 +645,7 @@ func scanStatus(scan func(dest ...any) error) (MessageStatus, error) {
 		return MessageStatus{}, err
 	}
 	if err != nil {
-		return MessageStatus{}, fmt.Errorf("outbox: read status: %w", err)
+		return MessageStatus{}, dbError("read status", err)
 	}
 	r.Status = State(status)
 	if ref != nil {
@@ -660,7 +678,7 @@ const cancelSQL = `SELECT sendonce_cancel($1)`
 func Cancel(ctx context.Context, db Querier, id uuid.UUID) (State, error) {
 	var st *string
 	if err := db.QueryRow(ctx, cancelSQL, id).Scan(&st); err != nil {
-		return "", fmt.Errorf("outbox: cancel: %w", err)
+		return "", dbError("cancel", err)
 	}
 	if st == nil {
 		return "", ErrNotFound
@@ -672,7 +690,7 @@ func Cancel(ctx context.Context, db Querier, id uuid.UUID) (State, error) {
 func CancelSQL(ctx context.Context, db SQLQuerier, id uuid.UUID) (State, error) {
 	var st sql.NullString
 	if err := db.QueryRowContext(ctx, cancelSQL, id).Scan(&st); err != nil {
-		return "", fmt.Errorf("outbox: cancel: %w", err)
+		return "", dbError("cancel", err)
 	}
 	if !st.Valid {
 		return "", ErrNotFound

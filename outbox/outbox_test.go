@@ -468,3 +468,59 @@ func TestEnqueueCarriesTheCallersTrace(t *testing.T) {
 		}
 	}
 }
+
+// On a database never migrated, every call says to run relay migrate, as
+// an error callers match with errors.Is, whichever driver.
+func TestANeverMigratedDatabaseSaysSo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	sqlDB, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	calls := map[string]func() error{
+		"Enqueue": func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := outbox.Enqueue(ctx, tx, "+15551234567", "hello")
+				return err
+			})
+		},
+		"Enqueue with a key": func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := outbox.Enqueue(ctx, tx, "+15551234567", "hello", outbox.WithKey("k"))
+				return err
+			})
+		},
+		"EnqueueBatch": func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := outbox.EnqueueBatch(ctx, tx, []outbox.Message{{To: "+15551234567", Body: "hello"}})
+				return err
+			})
+		},
+		"EnqueueSQL": func() error {
+			tx, err := sqlDB.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			_, err = outbox.EnqueueSQL(ctx, tx, "+15551234567", "hello")
+			return err
+		},
+		"Status":    func() error { _, err := outbox.Status(ctx, pool, uuid.New()); return err },
+		"StatusSQL": func() error { _, err := outbox.StatusSQL(ctx, sqlDB, uuid.New()); return err },
+		"Cancel":    func() error { _, err := outbox.Cancel(ctx, pool, uuid.New()); return err },
+	}
+	for name, call := range calls {
+		err := call()
+		if !errors.Is(err, outbox.ErrNotMigrated) || !strings.Contains(err.Error(), "run relay migrate") {
+			t.Errorf("%s on a database never migrated: %v; want ErrNotMigrated", name, err)
+		}
+	}
+}
