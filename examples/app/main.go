@@ -1,6 +1,7 @@
 // Command app is the smallest application that uses sendonce: it records
 // one SMS in a transaction of its own, the way a service records a login
-// code, and prints the message's id and status.
+// code, and prints the message's id, its status, and the command that
+// follows it through the pipeline (relay trace).
 //
 //	DATABASE_URL=postgres://... go run . [-to +15551234567] [-body "Your code is 482901"]
 //
@@ -61,5 +62,7 @@ func run(ctx context.Context, databaseURL, to, body string) error {
 		return err
 	}
 	fmt.Printf("enqueued %s: %s\n", id, st.Status)
+	// The relay and the senders take it from here; this shows each step.
+	fmt.Printf("follow it: relay trace %s\n", id)
 	return nil
 }
