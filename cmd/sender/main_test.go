@@ -65,6 +65,16 @@ func TestBadConfigurationNamesTheSetting(t *testing.T) {
 		{"lane provider not listed", map[string]string{"SMS_PROVIDERS": "generic", "SMS_LANE_PROVIDERS": "urgent=twilio"}, nil, "SMS_LANE_PROVIDERS"},
 		{"no such lane", map[string]string{"SMS_PROVIDERS": "generic", "SMS_LANE_PROVIDERS": "vip=generic"}, nil, "SMS_LANE_PROVIDERS"},
 	}
+	// Everything missing is named at once: three restarts were needed to
+	// find three missing Twilio settings.
+	for _, w := range []string{"TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN", "TWILIO_FROM", "DATABASE_URL"} {
+		tests = append(tests, struct {
+			name string
+			env  map[string]string
+			args []string
+			want string
+		}{"twilio and no database, all named: " + w, map[string]string{"SMS_PROVIDER": "twilio", "DATABASE_URL": ""}, nil, w})
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

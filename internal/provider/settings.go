@@ -169,54 +169,44 @@ func (c *Settings) check() error {
 		return "SMS_PROVIDER=" + kind
 	}
 	has := func(k string) bool { return slices.Contains(names, k) }
-	switch {
-	case has("generic") && c.BaseURL == "":
-		return errors.New("-sms-api-base / SMS_API_BASE is required")
-	case has("twilio") && c.TwilioSID == "":
-		return fmt.Errorf("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with %s", with("twilio"))
-	case has("twilio") && c.TwilioToken == "":
-		return fmt.Errorf("TWILIO_AUTH_TOKEN is required with %s", with("twilio"))
-	case has("twilio") && c.TwilioFrom == "" && c.TwilioService == "":
-		return fmt.Errorf("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with %s", with("twilio"))
-	case has("vonage") && c.VonageKey == "":
-		return fmt.Errorf("-vonage-api-key / VONAGE_API_KEY is required with %s", with("vonage"))
-	case has("vonage") && c.VonageSecret == "":
-		return fmt.Errorf("VONAGE_API_SECRET is required with %s", with("vonage"))
-	case has("vonage") && c.VonageFrom == "":
-		return fmt.Errorf("-vonage-from / VONAGE_FROM is required with %s", with("vonage"))
-	case has("vonage") && c.Lookup:
-		return fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Vonage offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("vonage"))
-	case has("sinch") && c.SinchPlanID == "":
-		return fmt.Errorf("-sinch-service-plan-id / SINCH_SERVICE_PLAN_ID is required with %s", with("sinch"))
-	case has("sinch") && c.SinchToken == "":
-		return fmt.Errorf("SINCH_API_TOKEN is required with %s", with("sinch"))
-	case has("sinch") && c.SinchFrom == "":
-		return fmt.Errorf("-sinch-from / SINCH_FROM is required with %s", with("sinch"))
-	case has("sinch") && c.Lookup && c.LookupRetention > SinchListRetention:
-		return fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) cannot exceed 14 days with %s and SMS_API_LOOKUP=true: Sinch lists the batches of the last 14 days only", c.LookupRetention, with("sinch"))
-	case strings.HasPrefix(strings.ToLower(c.SinchBaseURL), "http://") && !c.AllowInsecure:
-		return errors.New("-sinch-api-base / SINCH_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
-	case has("telnyx") && c.TelnyxKey == "":
-		return fmt.Errorf("TELNYX_API_KEY is required with %s", with("telnyx"))
-	case has("telnyx") && c.TelnyxFrom == "" && c.TelnyxProfile == "":
-		return fmt.Errorf("-telnyx-from / TELNYX_FROM (or TELNYX_MESSAGING_PROFILE_ID) is required with %s", with("telnyx"))
-	case has("telnyx") && c.Lookup:
-		return fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Telnyx offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("telnyx"))
-	case strings.HasPrefix(strings.ToLower(c.TelnyxBaseURL), "http://") && !c.AllowInsecure:
-		return errors.New("-telnyx-api-base / TELNYX_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
-	case strings.HasPrefix(strings.ToLower(c.VonageBaseURL), "http://") && !c.AllowInsecure:
-		return errors.New("-vonage-api-base / VONAGE_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
-	case strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure:
-		return errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
-	case strings.HasPrefix(strings.ToLower(c.TwilioBaseURL), "http://") && !c.AllowInsecure:
-		return errors.New("-twilio-api-base / TWILIO_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")
-	case c.LookupRetention <= c.LookupSettle:
-		return fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) must be longer than SMS_API_LOOKUP_SETTLE (%s): a lookup after the settle time must still see the message", c.LookupRetention, c.LookupSettle)
+	// Every rule is checked: a start-up names all that is wrong at once.
+	rules := []struct {
+		bad bool
+		err error
+	}{
+		{has("generic") && c.BaseURL == "", errors.New("-sms-api-base / SMS_API_BASE is required")},
+		{has("twilio") && c.TwilioSID == "", fmt.Errorf("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with %s", with("twilio"))},
+		{has("twilio") && c.TwilioToken == "", fmt.Errorf("TWILIO_AUTH_TOKEN is required with %s", with("twilio"))},
+		{has("twilio") && c.TwilioFrom == "" && c.TwilioService == "", fmt.Errorf("-twilio-from / TWILIO_FROM (or TWILIO_MESSAGING_SERVICE_SID) is required with %s", with("twilio"))},
+		{has("vonage") && c.VonageKey == "", fmt.Errorf("-vonage-api-key / VONAGE_API_KEY is required with %s", with("vonage"))},
+		{has("vonage") && c.VonageSecret == "", fmt.Errorf("VONAGE_API_SECRET is required with %s", with("vonage"))},
+		{has("vonage") && c.VonageFrom == "", fmt.Errorf("-vonage-from / VONAGE_FROM is required with %s", with("vonage"))},
+		{has("vonage") && c.Lookup, fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Vonage offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("vonage"))},
+		{has("sinch") && c.SinchPlanID == "", fmt.Errorf("-sinch-service-plan-id / SINCH_SERVICE_PLAN_ID is required with %s", with("sinch"))},
+		{has("sinch") && c.SinchToken == "", fmt.Errorf("SINCH_API_TOKEN is required with %s", with("sinch"))},
+		{has("sinch") && c.SinchFrom == "", fmt.Errorf("-sinch-from / SINCH_FROM is required with %s", with("sinch"))},
+		{has("sinch") && c.Lookup && c.LookupRetention > SinchListRetention, fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) cannot exceed 14 days with %s and SMS_API_LOOKUP=true: Sinch lists the batches of the last 14 days only", c.LookupRetention, with("sinch"))},
+		{strings.HasPrefix(strings.ToLower(c.SinchBaseURL), "http://") && !c.AllowInsecure, errors.New("-sinch-api-base / SINCH_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
+		{has("telnyx") && c.TelnyxKey == "", fmt.Errorf("TELNYX_API_KEY is required with %s", with("telnyx"))},
+		{has("telnyx") && c.TelnyxFrom == "" && c.TelnyxProfile == "", fmt.Errorf("-telnyx-from / TELNYX_FROM (or TELNYX_MESSAGING_PROFILE_ID) is required with %s", with("telnyx"))},
+		{has("telnyx") && c.Lookup, fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Telnyx offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("telnyx"))},
+		{strings.HasPrefix(strings.ToLower(c.TelnyxBaseURL), "http://") && !c.AllowInsecure, errors.New("-telnyx-api-base / TELNYX_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
+		{strings.HasPrefix(strings.ToLower(c.VonageBaseURL), "http://") && !c.AllowInsecure, errors.New("-vonage-api-base / VONAGE_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
+		{strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure, errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
+		{strings.HasPrefix(strings.ToLower(c.TwilioBaseURL), "http://") && !c.AllowInsecure, errors.New("-twilio-api-base / TWILIO_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
+		{c.LookupRetention <= c.LookupSettle, fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) must be longer than SMS_API_LOOKUP_SETTLE (%s): a lookup after the settle time must still see the message", c.LookupRetention, c.LookupSettle)},
+	}
+	var errs []error
+	for _, r := range rules {
+		if r.bad {
+			errs = append(errs, r.err)
+		}
 	}
 	if _, err := parseCodes(c.PermanentCodes); err != nil {
-		return fmt.Errorf("-sms-permanent-codes / SMS_PERMANENT_CODES: %w", err)
+		errs = append(errs, fmt.Errorf("-sms-permanent-codes / SMS_PERMANENT_CODES: %w", err))
 	}
-	return ReceiptsURLCheck(c.ReceiptsURL, c.ReceiptsAllowInsecure)
+	errs = append(errs, ReceiptsURLCheck(c.ReceiptsURL, c.ReceiptsAllowInsecure))
+	return errors.Join(errs...)
 }
 
 // LooksUp reports whether an attempt without an answer is settled by a
