@@ -495,18 +495,20 @@ func trace(ctx context.Context, c opsConfig, arg string, out io.Writer) error {
 		fmt.Fprintf(out, "  end reason    %s; dead letter %s\n", row.EndReason, letter)
 	}
 
-	fmt.Fprintf(out, "attempts (%d)\n", len(attempts))
+	fmt.Fprintf(out, "in short      %s\n", headline(row))
+	fmt.Fprintf(out, "attempts (%d): each a provider request (or a lookup), oldest first\n", len(attempts))
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  #\tSTARTED\tOUTCOME\tPROVIDER\tHTTP\tCODE\tLATENCY\tSENDER\tERROR")
+	fmt.Fprintln(tw, "  #\tWHEN\tPROVIDER\tANSWER\tTOOK\tDECIDED\tSENDER\tERROR")
 	for _, a := range attempts {
 		if a.FromRow {
 			// The row's own record of a first attempt that was sent: the
 			// time its acceptance was written, no call details.
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t-\t-\t-\t-\t(from the row: sent_at)\n", a.Number, ts(a.StartedAt), a.Outcome, dash(a.Provider))
+			fmt.Fprintf(tw, "  %d\t%s\t%s\tnot logged\t-\t%s (a first attempt that is sent is recorded in the row only)\t-\t-\n",
+				a.Number, ts(a.StartedAt), dash(a.Provider), decided(a.Outcome))
 			continue
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", a.Number, ts(a.StartedAt), a.Outcome, dash(a.Provider), a.HTTPStatus, a.ProviderCode,
-			a.Latency.Round(time.Microsecond), dash(a.Sender), dash(a.Error))
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Number, ts(a.StartedAt), dash(a.Provider), answer(a.HTTPStatus, a.ProviderCode),
+			a.Latency.Round(time.Millisecond), decided(a.Outcome), dash(a.Sender), dash(a.Error))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -566,3 +568,75 @@ func dash(s string) string {
 }
 
 func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+// decided says in words what an attempt's outcome made of the message.
+func decided(outcome string) string {
+	switch outcome {
+	case "sent":
+		return "the provider took it"
+	case "retry":
+		return "failed: tried again later"
+	case "rate_limited":
+		return "refused for the rate (429): tried again, the attempt given back"
+	case "lookup":
+		return "asked the provider what it has, before sending again"
+	case "permanent":
+		return "refused for good: not tried again"
+	case "ambiguous":
+		return "no answer: the provider may have it"
+	case "max_attempts":
+		return "failed, and no attempt was left"
+	case "expired":
+		return "past its expiry: not sent"
+	}
+	return outcome
+}
+
+// answer is what the provider answered a request: its HTTP status and
+// error code, or that no answer came.
+func answer(status, code int) string {
+	switch {
+	case status == 0:
+		return "no answer"
+	case code != 0:
+		return fmt.Sprintf("HTTP %d, code %d", status, code)
+	}
+	return fmt.Sprintf("HTTP %d", status)
+}
+
+// headline says in one sentence where the message stands and what, if
+// anything, a person may do.
+func headline(r outbox.Row) string {
+	switch r.Status {
+	case outbox.StatusPending, outbox.StatusQueued:
+		return fmt.Sprintf("not sent yet (%s): the next attempt is due %s", r.Status, ts(r.NextAttemptAt))
+	case outbox.StatusScheduled:
+		return "scheduled: nothing is sent before its send time"
+	case outbox.StatusSending:
+		return "a sender is calling the provider now"
+	case outbox.StatusSent:
+		return "sent: the provider took it" + ref(r.ProviderRef) + "; no delivery receipt yet"
+	case outbox.StatusDelivered:
+		return "delivered: the provider reported it reached the phone" + ref(r.ProviderRef)
+	case outbox.StatusUndelivered:
+		return "undelivered: the provider took it" + ref(r.ProviderRef) + " and reported it did not reach the phone"
+	case outbox.StatusDead:
+		return "not sent, and it will not be: no provider took it (" + r.EndReason + "); relay dlq replay -id " + r.ID.String() + " sends it again"
+	case outbox.StatusUnknown:
+		return "unknown: an attempt may have reached the provider and nothing settled it; relay resolve -id " + r.ID.String() + " asks the provider"
+	case outbox.StatusExpired:
+		return "expired: its expiry came before any call, and it was not sent"
+	case outbox.StatusCancelled:
+		return "cancelled before any call: not sent"
+	case outbox.StatusSuppressed:
+		return "not sent: its number is on the suppression list"
+	}
+	return string(r.Status)
+}
+
+func ref(providerRef string) string {
+	if providerRef == "" {
+		return ""
+	}
+	return " (its id there: " + providerRef + ")"
+}

@@ -295,7 +295,11 @@ func TestTraceShowsRowAttemptsAndLetters(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("trace: exit %d %s", code, errOut)
 	}
-	for _, want := range []string{"status        dead", "+1********21", "15 characters", "attempts (1)", "permanent", "21211", "dead letters (1)", "reason permanent"} {
+	for _, want := range []string{"status        dead", "+1********21", "15 characters", "attempts (1)", "permanent", "21211", "dead letters (1)", "reason permanent",
+		// In words: where it stands, what the provider answered, what
+		// was decided.
+		"in short      not sent, and it will not be: no provider took it (permanent); relay dlq replay -id " + id.String(),
+		"HTTP 400, code 21211", "refused for good: not tried again"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("trace lacks %q:\n%s", want, out)
 		}
