@@ -394,6 +394,7 @@ func (d *demo) summary(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID,
 	fmt.Fprintf(d.out, "summary:  %d messages: delivered %d, undelivered %d, sent (no receipt yet) %d, dead %d, unknown %d; unknown settled by evidence: %d (%d receipts, %d lookups recorded); deliveries at the provider per key: %s (duplicates %d); attempts %d; commit-to-accepted p50 %s p99 %s; wall %s\n",
 		len(ids), counts["delivered"], counts["undelivered"], counts["sent"], counts["dead"], counts["unknown"], settled, receipts, lookups,
 		perKeyText, dups, attempts, secs(p50), secs(p99), wall.Round(time.Millisecond))
+	fmt.Fprint(d.out, countsLegend)
 	if dups > 0 {
 		return fmt.Errorf("%d messages were delivered more than once", dups)
 	}
@@ -402,6 +403,25 @@ func (d *demo) summary(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID,
 	}
 	return nil
 }
+
+// countsLegend says what each count of the provider and summary lines
+// means, for a reader who does not know the words yet.
+const countsLegend = `what the counts mean:
+  injected 503s                 requests the stub failed on purpose; the senders tried them again
+  responses withheld            requests the stub took and then never answered: the message reached it,
+                                and the sender could not know (the failure this exists for)
+  replays of a stored answer    requests the stub answered again from the key it had seen (a provider with
+                                idempotency, DEMO_IDEMPOTENT=true); 0 when it plays one without
+  lookups                       "do you have this message?" asked of the provider before sending again
+                                after an answer was lost
+  receipts sent / recorded      delivery reports the stub posted / the receiver recorded; one posted twice
+                                or saying nothing new is recorded once
+  unknown settled by evidence   messages whose answer was lost, settled by a receipt or a lookup
+                                instead of being sent again
+  deliveries per key            how many times the provider took each message: 1 is exactly once
+  attempts                      send attempts the rows counted (a lookup spends none)
+  commit-to-accepted            from the application's commit to the provider's acceptance
+`
 
 func secs(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(100 * time.Microsecond).String()

@@ -51,6 +51,7 @@ func TestDemoRunsTheBinaries(t *testing.T) {
 	s := out.String()
 	for _, want := range []string{"console:  http://127.0.0.1:", "(log in as demo, password ", "summary:  300 messages: delivered ",
 		"sent (no receipt yet) 0, dead 0, unknown 0; unknown settled by evidence: ", "per key: all 1 (duplicates 0)", "commit-to-accepted p50",
+		"what the counts mean:", "responses withheld            requests the stub took and then never answered",
 		"intents:  form posted twice, one key: ", "code that expired before it could go: expired, 0 sent", "booking for tomorrow, cancelled: cancelled, 0 sent", "to a number that replied STOP: suppressed, 0 sent"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("summary lacks %q", want)
