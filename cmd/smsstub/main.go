@@ -83,7 +83,7 @@ func bind(s *envflag.Set, o *options) {
 	s.String(&o.undelivered, "undelivered-suffixes", "STUB_UNDELIVERED_SUFFIXES", "", "comma-separated number endings whose messages end undelivered (code 30003)")
 	s.Int(&o.seed, "seed", "STUB_SEED", 0, math.MinInt, math.MaxInt, "random seed for reproducible faults; 0 seeds randomly")
 	s.Enum(&o.logFormat, "log-format", "STUB_LOG_FORMAT", "json", []string{"json", "text"}, "log format on stderr")
-	s.Enum(&o.logLevel, "log-level", "STUB_LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level (debug logs every request)")
+	s.Enum(&o.logLevel, "log-level", "STUB_LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level (info logs each message taken, its number masked; debug every request)")
 	s.Duration(&o.shutdownTimeout, "shutdown-timeout", "STUB_SHUTDOWN_TIMEOUT", 5*time.Second, time.Millisecond, time.Hour, "bound on a graceful shutdown")
 }
 

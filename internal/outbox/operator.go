@@ -412,19 +412,8 @@ func Attempts(ctx context.Context, q Querier, id uuid.UUID) ([]Attempt, error) {
 	return out, nil
 }
 
-// MaskPhone keeps an E.164 number's leading "+" and first digit (the start
-// of the country code) and its last two digits: "+15551234567" becomes
-// "+1*******67".
-func MaskPhone(e164 string) string {
-	if len(e164) < 5 {
-		return "+***"
-	}
-	b := []byte(e164)
-	for i := 2; i < len(b)-2; i++ {
-		b[i] = '*'
-	}
-	return string(b)
-}
+// MaskPhone is safetext.MaskPhone: "+15551234567" becomes "+1*******67".
+func MaskPhone(e164 string) string { return safetext.MaskPhone(e164) }
 
 // MiscountedAttempts counts the rows among ids (every row when ids is nil)
 // whose attempt_count does not match the attempts log: a test oracle, for

@@ -174,3 +174,17 @@ func Digits(s string) string {
 	}
 	return b.String()
 }
+
+// MaskPhone keeps an E.164 number's leading "+" and first digit (the start
+// of the country code) and its last two digits: "+15551234567" becomes
+// "+1*******67". What a log line or a page may show of a number.
+func MaskPhone(e164 string) string {
+	if len(e164) < 5 {
+		return "+***"
+	}
+	b := []byte(e164)
+	for i := 2; i < len(b)-2; i++ {
+		b[i] = '*'
+	}
+	return string(b)
+}

@@ -21,6 +21,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sendonce/sendonce/internal/safetext"
 )
 
 // Limits of the messages API.
@@ -724,11 +726,11 @@ func (s *Server) process(w http.ResponseWriter, r *http.Request, sh shape, key s
 	s.mu.Unlock()
 
 	if withhold {
-		s.logOutcome(ctx, "withheld_"+f.WithholdMode, http.StatusCreated, id)
+		s.logTaken(ctx, "withheld_"+f.WithholdMode, id, msg.To)
 		s.withhold(w, r, f.WithholdMode)
 		return
 	}
-	s.logOutcome(ctx, "delivered", http.StatusCreated, id)
+	s.logTaken(ctx, "delivered", id, msg.To)
 	writeJSON(w, http.StatusCreated, body)
 }
 
@@ -831,6 +833,19 @@ func (s *Server) logOutcome(ctx context.Context, outcome string, status int, pro
 		attrs = append(attrs, slog.String("provider_id", providerID))
 	}
 	s.log.LogAttrs(ctx, slog.LevelDebug, "message request", attrs...)
+}
+
+// logTaken says, at info, that the stub took a message: the id the stub
+// gave it (which relay trace shows as the row's provider id), the number
+// masked, and whether the answer went back; a person following one message
+// sees it arrive. The key stays out of the log, as every credential-like
+// header does.
+func (s *Server) logTaken(ctx context.Context, outcome, providerID, to string) {
+	if !s.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	s.log.LogAttrs(ctx, slog.LevelInfo, "message taken", slog.String("outcome", outcome),
+		slog.String("provider_id", providerID), slog.String("to", safetext.MaskPhone(to)))
 }
 
 // retryAfterSeconds formats d as Retry-After delta-seconds, rounded up and

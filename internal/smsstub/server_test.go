@@ -911,7 +911,9 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 			t.Errorf("log contains %q:\n%s", secret, out)
 		}
 	}
-	for _, want := range []string{id, `"outcome":"replay"`, `"outcome":"mismatch"`, `"outcome":"failed"`, `"outcome":"rejected"`} {
+	// The message it took, at info: its id there and the number masked.
+	for _, want := range []string{id, `"outcome":"replay"`, `"outcome":"mismatch"`, `"outcome":"failed"`, `"outcome":"rejected"`,
+		`"msg":"message taken","outcome":"delivered","provider_id":"` + id + `","to":"+1********67"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %s:\n%s", want, out)
 		}
