@@ -36,7 +36,8 @@ func TestApplicationModuleEnqueues(t *testing.T) {
 	// -mod=mod with the committed go.sum: no network unless the app's
 	// requirements fell behind the repository's, which the module proxy
 	// then fills in (in the copy only).
-	goEnv := append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	// As a user builds it: go.sum must already hold what it needs.
+	goEnv := append(os.Environ(), "GOFLAGS=-mod=readonly", "GOWORK=off")
 	run := func(name string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(name, args...)
