@@ -61,6 +61,7 @@ type config struct {
 
 func bind(s *envflag.Set, c *config) {
 	service.BindDatabase(s, &c.Database)
+	s.Group("receipts: where they arrive, and the providers' signing secrets")
 	s.String(&c.addr, "receipts-addr", "RECEIPTS_ADDR", ":8088", "address the receipt endpoints listen on (the provider calls it)")
 	s.Secret(&c.secret, "sms-webhook-secret", "SMS_WEBHOOK_SECRET", "shared secret (at least 16 bytes) that signs generic receipts (Sendonce-Signature); enables /v1/receipts/generic and /v1/inbound/generic (inbound messages, signed the same way)")
 	s.Secret(&c.previousSecret, "sms-webhook-secret-previous", "SMS_WEBHOOK_SECRET_PREVIOUS", "the secret being rotated out, accepted as well until the provider signs with the new one")
@@ -76,6 +77,7 @@ func bind(s *envflag.Set, c *config) {
 	s.String(&c.tlsCert, "receipts-tls-cert", "RECEIPTS_TLS_CERT", "", "certificate file (PEM) to serve HTTPS; with RECEIPTS_TLS_KEY (else terminate TLS in front)")
 	s.String(&c.tlsKey, "receipts-tls-key", "RECEIPTS_TLS_KEY", "", "private key file (PEM) of RECEIPTS_TLS_CERT")
 	s.Duration(&c.window, "receipts-batch-window", "RECEIPTS_BATCH_WINDOW", receiver.DefaultWindow, 0, time.Second, "how long a write waits for more receipts to share its transaction")
+	s.Group("health, logs and timeouts")
 	service.BindHTTPAddr(s, &c.HTTPAddr, "127.0.0.1:9103")
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")

@@ -99,6 +99,7 @@ type config struct {
 
 func bind(s *envflag.Set, c *config) {
 	service.Bind(s, &c.Settings, "127.0.0.1:9101")
+	s.Group("relay: batches, polling, the reconciler, retention")
 	s.Int(&c.batchSize, "batch-size", "RELAY_BATCH_SIZE", relay.DefaultBatchSize, 1, 10000, "rows claimed per transaction")
 	s.Int(&c.workers, "workers", "RELAY_WORKERS", relay.DefaultWorkers, 1, 64, "batches in flight at once, each in its own transaction")
 	s.Int(&c.publishWindow, "publish-window", "RELAY_PUBLISH_WINDOW", relay.DefaultPublishWindow, 1, 65536, "publications awaiting their PubAck at once")

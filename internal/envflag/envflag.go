@@ -34,9 +34,13 @@ type Set struct {
 	// secretUsage is each secret's usage: a secret has no flag to hold it.
 	secretUsage map[string]string
 	order       []string // flags bound with a variable, in binding order
-	intro       string
-	name        string
-	output      io.Writer
+	// groups are -h's headings: groups[i] titles the settings bound from
+	// order[groupAt[i]] on.
+	groups  []string
+	groupAt []int
+	intro   string
+	name    string
+	output  io.Writer
 }
 
 // Setting describes one setting, for usage and for the generated
@@ -70,7 +74,15 @@ func New(name string, getenv func(string) string, output io.Writer) *Set {
 			fmt.Fprintln(output)
 		}
 		fmt.Fprintf(output, "Settings of %s (flags override environment variables):\n", name)
-		for _, st := range s.Settings() {
+		g := 0
+		for i, st := range s.Settings() {
+			for g < len(s.groups) && s.groupAt[g] == i {
+				fmt.Fprintf(output, "\n%s:\n", s.groups[g])
+				g++
+			}
+			if i == len(s.order) && len(s.groups) > 0 {
+				fmt.Fprintf(output, "\nother:\n")
+			}
 			env, def := st.Env, st.Default
 			if st.Secret {
 				set := ""
@@ -94,6 +106,13 @@ func New(name string, getenv func(string) string, output io.Writer) *Set {
 		}
 	}
 	return s
+}
+
+// Group starts a heading in -h: the settings bound after it, up to the
+// next group, are listed under title (database, NATS, a provider, ...).
+func (s *Set) Group(title string) {
+	s.groups = append(s.groups, title)
+	s.groupAt = append(s.groupAt, len(s.order))
 }
 
 // Intro sets the text -h prints before the settings: what the program

@@ -439,3 +439,30 @@ func TestDurationDefaultsAsTyped(t *testing.T) {
 		t.Fatalf("the printed defaults do not parse back: %v", err)
 	}
 }
+
+// -h lists the settings under their groups' headings, in binding order;
+// flags bound without a variable come last, under "other".
+func TestHelpGroups(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	s := envflag.New("prog", func(string) string { return "" }, &out)
+	var a, b string
+	var n int
+	s.Group("database")
+	s.String(&a, "database-url", "DATABASE_URL", "", "the database")
+	s.Group("provider: twilio")
+	s.String(&b, "twilio-from", "TWILIO_FROM", "", "the sender")
+	s.Int(&n, "workers", "WORKERS", 8, 1, 64, "workers")
+	if err := s.Parse([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Parse(-h) = %v", err)
+	}
+	usage := out.String()
+	last := -1
+	for _, w := range []string{"\ndatabase:\n", "-database-url", "\nprovider: twilio:\n", "-twilio-from", "-workers", "\nother:\n", "-version"} {
+		i := strings.Index(usage, w)
+		if i <= last {
+			t.Fatalf("%q is not after the line before it in:\n%s", w, usage)
+		}
+		last = i
+	}
+}

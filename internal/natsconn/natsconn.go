@@ -67,6 +67,7 @@ type Config struct {
 // NATS_CREDS, NATS_CA, NATS_CERT, NATS_KEY, NATS_INBOX_PREFIX, each with a
 // flag.
 func Bind(s *envflag.Set, c *Config) {
+	s.Group("NATS")
 	s.String(&c.URL, "nats-url", "NATS_URL", "nats://127.0.0.1:4222", "NATS server URL; for a cluster, a comma-separated list of seeds (the client learns the other servers from them)")
 	s.String(&c.User, "nats-user", "NATS_USER", "", "NATS user name")
 	s.Secret(&c.Password, "nats-password", "NATS_PASSWORD", "NATS password")

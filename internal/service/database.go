@@ -30,6 +30,7 @@ type Database struct {
 // and checks the URL at start-up with CheckDatabaseURL. Every program that
 // reaches the database binds it this way.
 func BindDatabase(s *envflag.Set, db *Database) {
+	s.Group("database")
 	insecure := new(bool)
 	s.Secret(&db.URL, "database-url", "DATABASE_URL", "Postgres URL of the database holding sms_outbox (may hold a password); a server other than this host needs sslmode=verify-full or verify-ca")
 	s.Required(&db.URL, "database-url")

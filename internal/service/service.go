@@ -74,6 +74,7 @@ func BindHTTPAddr(s *envflag.Set, addr *string, def string) {
 func Bind(s *envflag.Set, c *Settings, httpAddr string) {
 	BindConnections(s, c)
 	streams.Bind(s, &c.Topology)
+	s.Group("health, logs and timeouts")
 	BindHTTPAddr(s, &c.HTTPAddr, httpAddr)
 	s.Enum(&c.LogFormat, "log-format", "LOG_FORMAT", "json", []string{"json", "text"}, "log format")
 	s.Enum(&c.LogLevel, "log-level", "LOG_LEVEL", "info", []string{"debug", "info", "warn", "error"}, "log level")
