@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"time"
 
@@ -185,4 +186,43 @@ func ExampleCancel() {
 	// Output:
 	// status: scheduled <nil>
 	// after cancel: cancelled <nil>
+}
+
+// A caller tells the errors it can act on apart with errors.Is: a
+// database relay migrate has not reached, a key that names another
+// message, invalid input. (Here the connection looks in a schema that
+// holds no sms_outbox, as a database never migrated does.)
+func ExampleErrNotMigrated() {
+	ctx := context.Background()
+	u, err := url.Parse(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	q := u.Query()
+	q.Set("search_path", "a_schema_never_migrated")
+	u.RawQuery = q.Encode()
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, "+15551234567", "Your code is 482901")
+		return err
+	})
+	switch {
+	case errors.Is(err, outbox.ErrNotMigrated):
+		fmt.Println("not migrated: run relay migrate first, then try again")
+	case errors.Is(err, outbox.ErrKeyReused):
+		fmt.Println("this key names another message")
+	case errors.Is(err, outbox.ErrInvalid):
+		fmt.Println("fix the input:", err)
+	case err != nil:
+		fmt.Println("try again later:", err)
+	}
+	// Output:
+	// not migrated: run relay migrate first, then try again
 }
