@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -235,7 +236,7 @@ func TestOneMessageOneTraceFromTheAppToTheProvider(t *testing.T) {
 	mu.Lock()
 	got := append([]string(nil), parents...)
 	mu.Unlock()
-	wantParent := "00-" + appSpan.TraceID().String() + "-" + spanHex(call.SpanId) + "-01"
+	wantParent := "00-" + appSpan.TraceID().String() + "-" + hex.EncodeToString(call.SpanId) + "-01"
 	var seen, bare int
 	for _, p := range got {
 		switch p {
@@ -277,15 +278,6 @@ func names(byName map[string][]otlpSpan) []string {
 		}
 	}
 	return out
-}
-
-func spanHex(id []byte) string {
-	const hexdigits = "0123456789abcdef"
-	out := make([]byte, 0, 2*len(id))
-	for _, b := range id {
-		out = append(out, hexdigits[b>>4], hexdigits[b&15])
-	}
-	return string(out)
 }
 
 // A row the reconciler republishes (its message lost, or its retry parked

@@ -467,7 +467,7 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 		// most urgent first.
 		msg := &nats.Msg{Subject: streams.LaneOf(int(p.Priority)).Subject, Data: payload[start:len(payload):len(payload)]}
 		if spans != nil && p.Traceparent != "" {
-			spans[i] = r.traced(msg, p)
+			spans[i] = publishSpan(r.cfg.Tracing, msg, p.Traceparent, p.MsgID())
 		}
 		f, err := r.cfg.JetStream.PublishMsgAsync(msg,
 			jetstream.WithMsgID(p.MsgID()), jetstream.WithExpectStream(r.cfg.Stream))
@@ -485,11 +485,6 @@ func (r *Relay) publish(ctx context.Context, rows []outbox.Pending) ([]uuid.UUID
 	r.metrics.published.Add(float64(len(acked)))
 	r.metrics.publishErrors.Add(float64(len(rows) - len(acked)))
 	return acked, seqs, firstErr
-}
-
-// traced starts the span of row p's publication (publishSpan).
-func (r *Relay) traced(msg *nats.Msg, p outbox.Pending) trace.Span {
-	return publishSpan(r.cfg.Tracing, msg, p.Traceparent, p.MsgID())
 }
 
 // publishSpan starts the span of a row's publication as msg, under the

@@ -211,7 +211,9 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 			release()
 		}
 		h := hs[0]
-		s.step(h, "UPDATE sms_outbox", "UPDATE", claimStart, claimEnd, nil, otelattr.String("sendonce.claim", claimResults[c.Result]))
+		if h.trace != nil {
+			s.step(h, "UPDATE sms_outbox", "UPDATE", claimStart, claimEnd, nil, otelattr.String("sendonce.claim", claimResults[c.Result]))
+		}
 		switch c.Result {
 		case outbox.Claimed, outbox.ClaimedStale:
 			s.calling.Add(1)
