@@ -1,12 +1,13 @@
 # sendonce: make demo runs the pipeline end to end; make test runs the suite.
 GO      ?= go
 BIN     := bin
-CMDS    := relay sender receiver smsstub demo soak bench
+CMDS    := relay sender receiver smsstub demo
+TOOLS   := soak bench
 
 .PHONY: build crash-build demo soak drill bench bench-retention console-bench bench-smoke test test-cluster docs vet clean fuzz
 
 build:
-	$(GO) build -buildvcs=auto -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -buildvcs=auto -o $(BIN)/ $(addprefix ./cmd/,$(CMDS)) $(addprefix ./tools/,$(TOOLS))
 	$(GO) build -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 demo: build

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }

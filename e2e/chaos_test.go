@@ -28,8 +28,8 @@ import (
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testkit"
-	"github.com/sendonce/sendonce/internal/toxictest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
+	"github.com/sendonce/sendonce/internal/testing/toxictest"
 	"github.com/sendonce/sendonce/outbox"
 )
 

@@ -18,14 +18,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sendonce/sendonce/internal/breaker"
-	"github.com/sendonce/sendonce/internal/nodetools"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/receiver"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
 

@@ -13,12 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/sendonce/sendonce/internal/browsertest"
 	"github.com/sendonce/sendonce/internal/console"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/smsstub"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/browsertest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // An operator in a real browser: logs in, reads the overview's counts

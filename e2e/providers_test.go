@@ -15,12 +15,12 @@ import (
 
 	"github.com/sendonce/sendonce/internal/breaker"
 	store "github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/sender"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )

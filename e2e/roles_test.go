@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 	app "github.com/sendonce/sendonce/outbox"
 )
 

@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // The cluster's routes are closed to a server that is not one of its

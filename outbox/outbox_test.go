@@ -19,7 +19,7 @@ import (
 
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/migrate"
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 	"github.com/sendonce/sendonce/outbox"
 )
 

@@ -27,11 +27,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/console"
-	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testing/embednats"
 	"github.com/sendonce/sendonce/outbox"
 )
 

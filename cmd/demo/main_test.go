@@ -12,8 +12,8 @@ import (
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/pgtest"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // The demo as make demo runs it, on freshly built binaries as separate

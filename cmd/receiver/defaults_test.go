@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // /metrics, /healthz and /readyz serve this host only unless HTTP_ADDR

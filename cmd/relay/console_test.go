@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/console"
-	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/pgtest"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // A bad users file, or a missing setting, stops relay console naming the

@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
-	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )

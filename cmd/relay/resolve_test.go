@@ -12,8 +12,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // relay scram-verifier prints a verifier of the password on stdin, never

@@ -8,9 +8,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/sendonce/sendonce/internal/flow"
-	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // relay setup creates the whole topology on an empty broker, the dead

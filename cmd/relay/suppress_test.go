@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	store "github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 	"github.com/sendonce/sendonce/outbox"
 )
 

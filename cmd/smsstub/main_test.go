@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/smsstub"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 var listening = regexp.MustCompile(`^smsstub listening on (http://127\.0\.0\.1:[1-9][0-9]*)$`)

@@ -22,9 +22,9 @@ import (
 
 	"github.com/sendonce/sendonce/internal/console"
 	"github.com/sendonce/sendonce/internal/deadletter"
-	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/pgtest"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 

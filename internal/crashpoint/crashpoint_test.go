@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) {

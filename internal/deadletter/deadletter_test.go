@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
-	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
-	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/outbox"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 

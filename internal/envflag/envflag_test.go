@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // config is a program's settings, bound the way cmd/ binds them.

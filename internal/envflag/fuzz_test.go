@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // FuzzParse feeds arbitrary environment values and arguments to a set with

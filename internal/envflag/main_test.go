@@ -3,7 +3,7 @@ package envflag_test
 import (
 	"testing"
 
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/migrate"
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // retryCounter is a slog handler that passes lines to t.Log and counts the

@@ -15,7 +15,7 @@ import (
 
 	"github.com/sendonce/sendonce"
 	"github.com/sendonce/sendonce/internal/migrate"
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 func TestLoad(t *testing.T) {

@@ -25,9 +25,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/sendonce/sendonce/internal/natsconn"
-	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/testkit"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // hostAddr returns an IPv4 address of this host that is not a loopback

@@ -23,7 +23,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/natsconn"
-	"github.com/sendonce/sendonce/internal/natstest"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
 )
 
 func connect(t *testing.T, cfg natsconn.Config) error {

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/natsconn"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/embednats"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // A broker that is down when the process starts is connected to in the

@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // A scheduled row was published no sooner than its send time: its claim

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // The monitor's age queries read the first entries of their partial

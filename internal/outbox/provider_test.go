@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // A claim names the provider of a row that has none: the preferred one for

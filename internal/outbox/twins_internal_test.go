@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // loadTwinsTable fills sms_outbox with n rows over n*6 seconds of changes

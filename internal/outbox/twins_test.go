@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // Twins are the other rows to the number with the same text (as a lookup

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/proc"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // TestMain doubles as the child: PROC_TEST_CHILD names what it does.

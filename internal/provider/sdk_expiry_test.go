@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/nodetools"
 	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
 )
 
 // captured is a request a test server received: its path and body.

@@ -24,8 +24,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/nodetools"
 	"github.com/sendonce/sendonce/internal/provider"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
 )
 
 // vonageSpec is Vonage's published OpenAPI document of the Messages API

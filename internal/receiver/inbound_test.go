@@ -15,8 +15,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sendonce/sendonce/internal/nodetools"
 	"github.com/sendonce/sendonce/internal/receiver"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
 )
 
 // listed returns the suppression list's entries: number -> source/provider/reason.

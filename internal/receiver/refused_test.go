@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/receiver"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // rowOf inserts a row in status, claimed for provider (NULL for "") unless

@@ -12,8 +12,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sendonce/sendonce/internal/nodetools"
 	"github.com/sendonce/sendonce/internal/receiver"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
 )
 
 var sinchSecret = []byte("sinch-callback-secret-0123456789")

@@ -15,9 +15,9 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sendonce/sendonce/internal/nodetools"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/receiver"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
 )
 
 // telnyxCase is one webhook for the Node signer (tools/node).

@@ -15,8 +15,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sendonce/sendonce/internal/nodetools"
 	"github.com/sendonce/sendonce/internal/receiver"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
 )
 
 var vonageSecret = []byte("vonage-signature-secret-0123456789")

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sendonce/sendonce/internal/relay"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // The batch duration histogram reaches past the longest a batch may take

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // benchBacklog is how many pending rows BenchmarkRelayBatch loads at a time.

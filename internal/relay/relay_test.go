@@ -17,13 +17,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sendonce/sendonce/internal/natstest"
 	internaloutbox "github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgbouncer"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/pgbouncer"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 	"github.com/sendonce/sendonce/internal/wire"
 	"github.com/sendonce/sendonce/outbox"
 )

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/relay"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // BenchmarkRetentionDeleteVsPartitionDrop measures what retention costs on a

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
 	"github.com/sendonce/sendonce/internal/wire"
 )
 

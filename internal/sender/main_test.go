@@ -3,7 +3,7 @@ package sender_test
 import (
 	"testing"
 
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // TestMain fails the package if a test leaks a goroutine.

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/sender"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
 )
 
 // wantCeiling is min(cap, base*2^attempt), computed without overflow; an

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/outbox"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/smsstub"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
 
 // Two rows with the same text to the same number, at the stub's Twilio

@@ -17,7 +17,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/service"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // A server other than this host needs TLS that verifies it; this host's

@@ -16,12 +16,12 @@ import (
 
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/natsconn"
-	"github.com/sendonce/sendonce/internal/natstest"
-	"github.com/sendonce/sendonce/internal/pgtest"
 	"github.com/sendonce/sendonce/internal/service"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testkit"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/receiver"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 var testSecret = []byte("stub-test-secret-0123456789abcd")

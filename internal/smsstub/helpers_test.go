@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // testStub is a Server behind a real HTTP listener.

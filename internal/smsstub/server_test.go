@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 const (

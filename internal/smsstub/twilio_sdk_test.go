@@ -12,9 +12,9 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sendonce/sendonce/internal/nodetools"
 	"github.com/sendonce/sendonce/internal/provider"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/nodetools"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // The facade's status callbacks are signed as Twilio signs them: Twilio's

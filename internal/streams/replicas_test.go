@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
 )
 
 func TestWithReplicas(t *testing.T) {

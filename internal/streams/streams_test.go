@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sendonce/sendonce/internal/natstest"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testing/natstest"
 )
 
 func TestDefaultTopology(t *testing.T) {

@@ -30,8 +30,8 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/proc"
-	"github.com/sendonce/sendonce/internal/testkit"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // SkipEnv names the variable that, set to 1, skips browser tests.

@@ -21,10 +21,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
-	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/smsstub"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/natscluster"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // soak is one run: its infrastructure, processes, load and faults.

@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
 
-	"github.com/sendonce/sendonce/internal/embednats"
 	"github.com/sendonce/sendonce/internal/proc"
+	"github.com/sendonce/sendonce/internal/testing/embednats"
 )
 
 // recreateDatabase drops the database named in dsn (closing its sessions)
@@ -136,7 +136,7 @@ func (b *broker) start() error {
 }
 
 // tcpProxy is an in-process toxiproxy in front of one upstream, like
-// internal/toxictest but without a testing.TB.
+// internal/testing/toxictest but without a testing.TB.
 type tcpProxy struct {
 	mu     sync.Mutex
 	proxy  *toxiproxy.Proxy

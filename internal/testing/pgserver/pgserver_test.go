@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sendonce/sendonce/internal/pgserver"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/pgserver"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // A primary, a streaming standby made with BaseBackup, the primary crashed,

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/crashpoint"
-	"github.com/sendonce/sendonce/internal/pgserver"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/pgserver"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // The failover drill, short (make drill runs it long, with the defaults'

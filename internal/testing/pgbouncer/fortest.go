@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sendonce/sendonce/internal/pgtest"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // ForTest starts a PgBouncer in front of the tests' Postgres server for t,

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/pgtest"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 	"github.com/sendonce/sendonce/outbox"
 )
 

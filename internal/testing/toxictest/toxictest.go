@@ -13,7 +13,7 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // Proxy is a TCP proxy with toxics.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 func TestMain(m *testing.M) { testkit.Main(m) }

@@ -15,10 +15,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sendonce/sendonce/internal/embednats"
-	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/embednats"
+	"github.com/sendonce/sendonce/internal/testing/natscluster"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // Server is a test's NATS server. Restart keeps its port and store.

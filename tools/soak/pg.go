@@ -15,9 +15,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sendonce/sendonce/internal/pgserver"
 	"github.com/sendonce/sendonce/internal/smsstub"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/pgserver"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // pgPair is Postgres as a primary and a streaming standby (asynchronous

@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/streams"
+	"github.com/sendonce/sendonce/internal/testing/natscluster"
 )
 
 // clusterFaultKinds replace broker_restart with -cluster: the faults of a

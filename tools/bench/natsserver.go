@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/sendonce/sendonce/internal/embednats"
+	"github.com/sendonce/sendonce/internal/testing/embednats"
 )
 
 // natsAnnounce starts the line the NATS child prints once it accepts clients.

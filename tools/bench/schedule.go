@@ -23,7 +23,7 @@ import (
 	"github.com/sendonce/sendonce/internal/proc"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // The schedule scenario: rows scheduled for tomorrow must cost today's

@@ -14,11 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/deadletter"
-	"github.com/sendonce/sendonce/internal/natscluster"
 	"github.com/sendonce/sendonce/internal/provider"
 	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/internal/streams"
-	"github.com/sendonce/sendonce/internal/testkit"
+	"github.com/sendonce/sendonce/internal/testing/natscluster"
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 func TestParseConfig(t *testing.T) {

@@ -29,7 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sendonce/sendonce/internal/proc"
-	"github.com/sendonce/sendonce/internal/testport"
+	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
 // ServerModule is the package path of the nats-server command, at the
