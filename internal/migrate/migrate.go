@@ -161,10 +161,6 @@ func New(cfg Config) (*Migrator, error) {
 	return &Migrator{cfg: cfg, log: cfg.Logger.With("component", "migrate")}, nil
 }
 
-// ErrNotEmpty is returned by Down when sms_outbox holds rows and
-// Config.Force is not set.
-var ErrNotEmpty = errors.New("sms_outbox holds rows")
-
 // Up applies every migration not yet recorded, with the default Config
 // and no logs (tests migrate their databases with it).
 func Up(ctx context.Context, conn *pgx.Conn, migrations []Migration) ([]int, error) {
@@ -246,10 +242,6 @@ func (m *Migrator) Down(ctx context.Context, conn *pgx.Conn, migrations []Migrat
 	})
 	return reverted, err
 }
-
-// ErrSchemaOpen is returned by Up when roles other than the owner of the
-// schema the migrations create their objects in may create objects there.
-var ErrSchemaOpen = errors.New("roles other than the schema's owner may create objects in it")
 
 // openSchemaSQL lists who, besides the owner of the current schema, may
 // create in it: PUBLIC, or a role that is neither a superuser nor a member

@@ -27,10 +27,6 @@ func Latest(migrations []Migration) int {
 	return v
 }
 
-// ErrSchemaTooOld is returned by CheckVersion when the database's schema is
-// older than the binary needs.
-var ErrSchemaTooOld = errors.New("database schema is older than this binary needs")
-
 // CheckVersion returns the database's schema version (the newest recorded
 // migration) and, when it is below need, an error wrapping ErrSchemaTooOld
 // that says which version was found and which is needed. A newer schema is
