@@ -170,7 +170,7 @@ func format(def any) string {
 }
 
 func (s *Set) fail(env string, raw string, err error) {
-	s.errs = append(s.errs, fmt.Errorf("%s=%q: %v", env, raw, err))
+	s.errs = append(s.errs, refused(env, fmt.Errorf("%s=%q: %v", env, raw, err)))
 }
 
 // String binds a string setting.
@@ -194,9 +194,9 @@ func (s *Set) Secret(p *string, name, env, usage string) {
 	if path := s.getenv(env + "_FILE"); path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("%s_FILE: %v", env, err))
+			s.errs = append(s.errs, refused(env+"_FILE", fmt.Errorf("%s_FILE: %v", env, err)))
 		} else if v != "" {
-			s.errs = append(s.errs, fmt.Errorf("%s and %s_FILE are both set; use one", env, env))
+			s.errs = append(s.errs, refused(env, fmt.Errorf("%s and %s_FILE are both set; use one", env, env)))
 		} else {
 			v = strings.TrimRight(string(b), "\r\n")
 		}
@@ -218,7 +218,7 @@ func (s *Set) secretFlags(args []string) error {
 		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		if s.secret[name] {
 			env := s.byFlag[name]
-			errs = append(errs, fmt.Errorf("-%s: a secret is not taken from the command line (it shows in ps); set %s or %s_FILE", name, env, env))
+			errs = append(errs, refused(env, fmt.Errorf("-%s: a secret is not taken from the command line (it shows in ps); set %s or %s_FILE", name, env, env)))
 		}
 	}
 	return errors.Join(errs...)
@@ -237,7 +237,7 @@ func (s *Set) Int(p *int, name, env string, def, lo, hi int, usage string) {
 	s.fs.IntVar(p, name, def, usage)
 	s.checks = append(s.checks, func() error {
 		if *p < lo || *p > hi {
-			return fmt.Errorf("-%s / %s = %d: must be between %d and %d", name, env, *p, lo, hi)
+			return refused(env, fmt.Errorf("-%s / %s = %d: must be between %d and %d", name, env, *p, lo, hi))
 		}
 		return nil
 	})
@@ -256,7 +256,7 @@ func (s *Set) Float(p *float64, name, env string, def, lo, hi float64, usage str
 	s.fs.Float64Var(p, name, def, usage)
 	s.checks = append(s.checks, func() error {
 		if !(*p >= lo && *p <= hi) {
-			return fmt.Errorf("-%s / %s = %g: must be between %g and %g", name, env, *p, lo, hi)
+			return refused(env, fmt.Errorf("-%s / %s = %g: must be between %g and %g", name, env, *p, lo, hi))
 		}
 		return nil
 	})
@@ -275,7 +275,7 @@ func (s *Set) Duration(p *time.Duration, name, env string, def, lo, hi time.Dura
 	s.fs.DurationVar(p, name, def, usage)
 	s.checks = append(s.checks, func() error {
 		if *p < lo || *p > hi {
-			return fmt.Errorf("-%s / %s = %s: must be between %s and %s", name, env, *p, lo, hi)
+			return refused(env, fmt.Errorf("-%s / %s = %s: must be between %s and %s", name, env, *p, lo, hi))
 		}
 		return nil
 	})
@@ -303,7 +303,7 @@ func (s *Set) Enum(p *string, name, env, def string, choices []string, usage str
 				return nil
 			}
 		}
-		return fmt.Errorf("-%s / %s = %q: must be one of %s", name, env, *p, strings.Join(choices, ", "))
+		return refused(env, fmt.Errorf("-%s / %s = %q: must be one of %s", name, env, *p, strings.Join(choices, ", ")))
 	})
 }
 
@@ -316,7 +316,7 @@ func (s *Set) Required(p *string, name string) {
 	}
 	s.checks = append(s.checks, func() error {
 		if strings.TrimSpace(*p) == "" {
-			return fmt.Errorf("%s is required", what)
+			return refused(env, fmt.Errorf("%s is required", what))
 		}
 		return nil
 	})
@@ -338,7 +338,7 @@ func (s *Set) URL(p *string, name string, schemes ...string) {
 				}
 			}
 		}
-		return fmt.Errorf("-%s / %s: want an absolute %s URL", name, env, strings.Join(schemes, " or "))
+		return refused(env, fmt.Errorf("-%s / %s: want an absolute %s URL", name, env, strings.Join(schemes, " or ")))
 	})
 }
 
@@ -346,14 +346,18 @@ func (s *Set) URL(p *string, name string, schemes ...string) {
 func (s *Set) Check(fn func() error) { s.checks = append(s.checks, fn) }
 
 // Parse parses args (without the program name) and runs every check. It
-// returns flag.ErrHelp for -h. Errors from environment variables are
-// reported together, each naming its variable.
+// returns flag.ErrHelp for -h. Every other error matches ErrRefused, and
+// each refused setting is a *SettingError: errors from environment
+// variables are reported together, each naming its variable.
 func (s *Set) Parse(args []string) error {
 	if err := s.secretFlags(args); err != nil {
 		return err
 	}
 	if err := s.fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return refused("", err)
 	}
 	if len(s.errs) > 0 {
 		return errors.Join(s.errs...)
@@ -361,7 +365,7 @@ func (s *Set) Parse(args []string) error {
 	var errs []error
 	for _, c := range s.checks {
 		if err := c(); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, refused("", err))
 		}
 	}
 	return errors.Join(errs...)

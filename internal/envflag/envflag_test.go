@@ -466,3 +466,48 @@ func TestHelpGroups(t *testing.T) {
 		last = i
 	}
 }
+
+// Every bad setting matches ErrRefused, and each names what the operator
+// sets, so a caller (a wrapper script's test, a readiness check) can say
+// which setting to fix without parsing the text.
+func TestRefusedSettingsAreTyped(t *testing.T) {
+	t.Parallel()
+	s, _, _ := setup(t, base("WORKERS", "many", "MODE", "slow", "TIMEOUT", "2h"))
+	err := s.Parse(nil)
+	if !errors.Is(err, envflag.ErrRefused) {
+		t.Fatalf("Parse = %v; want an error matching ErrRefused", err)
+	}
+	var named []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var se *envflag.SettingError
+		if !errors.As(e, &se) {
+			t.Fatalf("%v is not a *SettingError", e)
+		}
+		named = append(named, se.Setting)
+	}
+	if strings.Join(named, " ") != "WORKERS" {
+		t.Fatalf("settings refused before the checks = %v, want [WORKERS] (a value that does not parse stops the checks)", named)
+	}
+	s, _, _ = setup(t, base("MODE", "slow", "TIMEOUT", "2h"))
+	err = s.Parse(nil)
+	named = nil
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var se *envflag.SettingError
+		if errors.As(e, &se) {
+			named = append(named, se.Setting)
+		}
+	}
+	if strings.Join(named, " ") != "MODE TIMEOUT" {
+		t.Fatalf("settings refused = %v, want [MODE TIMEOUT]", named)
+	}
+	s, _, _ = setup(t, base())
+	s.Check(func() error { return errors.New("-a and -b go together") })
+	var se *envflag.SettingError
+	if err := s.Parse(nil); !errors.As(err, &se) || se.Setting != "" || !errors.Is(err, envflag.ErrRefused) {
+		t.Fatalf("a failed cross-setting check = %v; want a *SettingError without a setting, matching ErrRefused", err)
+	}
+	s, _, _ = setup(t, base())
+	if err := s.Parse([]string{"-h"}); !errors.Is(err, flag.ErrHelp) || errors.Is(err, envflag.ErrRefused) {
+		t.Fatalf("-h = %v; want flag.ErrHelp, not a refusal", err)
+	}
+}
