@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"math/rand/v2"
 	"path"
 	"regexp"
 	"sort"
@@ -35,6 +34,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sendonce/sendonce/internal/backoff"
 )
 
 // lockKey is an arbitrary constant naming sendonce's migration lock
@@ -320,16 +321,11 @@ func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, script, record strin
 		}
 		// 55P03 lock_not_available: lock_timeout ran out. Let the writers
 		// queued behind the statement through, then queue again.
-		ceiling := min(30*time.Second, m.cfg.RetryWait<<min(try, 10))
-		d := time.Duration(rand.Int64N(int64(ceiling))) + time.Millisecond
+		d := backoff.Full(try, m.cfg.RetryWait, 30*time.Second)
 		m.log.WarnContext(ctx, "a migration statement gave up waiting for a lock; trying again",
 			"err", err, "lock_timeout", m.cfg.LockTimeout, "try", try+1, "retry_in", d)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, d) {
 			return fmt.Errorf("%w (gave up waiting to retry: %w)", err, ctx.Err())
-		case <-t.C:
 		}
 	}
 }
@@ -392,12 +388,8 @@ func withLock(ctx context.Context, conn *pgx.Conn, fn func() error) (err error) 
 		if got {
 			break
 		}
-		t := time.NewTimer(50*time.Millisecond + time.Duration(rand.Int64N(int64(100*time.Millisecond))))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, backoff.Jitter(150*time.Millisecond)) {
 			return fmt.Errorf("wait for the migration lock (another migration is running): %w", ctx.Err())
-		case <-t.C:
 		}
 	}
 	defer func() {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/backoff"
 	"github.com/sendonce/sendonce/internal/outbox"
 )
 
@@ -112,7 +113,7 @@ func (rv *Receiver) keyword(w http.ResponseWriter, r *http.Request, source, from
 		res, err = outbox.ApplyInbound(dbCtx, rv.cfg.Pool, in)
 		cancel()
 		d := min(time.Second, 50*time.Millisecond<<min(failures, 5))
-		if err == nil || ctx.Err() != nil || !sleepCtx(ctx, d) {
+		if err == nil || ctx.Err() != nil || !backoff.Sleep(ctx, d) {
 			break
 		}
 	}
@@ -141,17 +142,6 @@ func (rv *Receiver) replyInbound(w http.ResponseWriter, source string, code int,
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Response></Response>` + "\n"))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // inboundGeneric serves POST /v1/inbound/generic: {"id","from","to","text"},

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sendonce/sendonce/internal/backoff"
 	"github.com/sendonce/sendonce/internal/outbox"
 )
 
@@ -139,7 +140,7 @@ func (r *Retention) Purge(ctx context.Context) (int64, error) {
 		if n < int64(r.cfg.BatchSize) {
 			break
 		}
-		if !sleep(ctx, r.cfg.Pause) {
+		if !backoff.Sleep(ctx, r.cfg.Pause) {
 			break
 		}
 	}

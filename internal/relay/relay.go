@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +32,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sendonce/sendonce/internal/backoff"
 	"github.com/sendonce/sendonce/internal/crashpoint"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/streams"
@@ -327,9 +327,9 @@ func (r *Relay) work(ctx context.Context, wake chan struct{}, poll <-chan time.T
 			r.batches.Fail()
 			r.metrics.batchErrors.Inc()
 			failures++
-			d := backoff(failures)
+			d := backoff.Full(failures, 100*time.Millisecond, 5*time.Second)
 			r.log.WarnContext(ctx, "relay batch failed", "err", err, "retry_in", d)
-			if !sleep(ctx, d) {
+			if !backoff.Sleep(ctx, d) {
 				return
 			}
 			continue
@@ -541,15 +541,15 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, poll *time.Tic
 					"poll_interval", r.cfg.PollAlone.String(), "probe", r.cfg.ListenProbe.String(), "retry_in", silentRetry.String())
 			}
 			silent = true
-			if !sleep(ctx, silentRetry) {
+			if !backoff.Sleep(ctx, silentRetry) {
 				return
 			}
 			continue
 		}
 		failures++
-		d := backoff(failures)
+		d := backoff.Full(failures, 100*time.Millisecond, 5*time.Second)
 		r.log.WarnContext(ctx, "listen connection lost; polling meanwhile", "err", err, "retry_in", d, "poll_interval", r.cfg.PollAlone.String())
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return
 		}
 	}
@@ -636,24 +636,6 @@ func signal(c chan<- struct{}) {
 	select {
 	case c <- struct{}{}:
 	default:
-	}
-}
-
-// backoff returns a full-jitter delay for the n-th consecutive failure,
-// between 0 and min(5s, 100ms*2^n).
-func backoff(n int) time.Duration {
-	ceiling := min(5*time.Second, 100*time.Millisecond<<min(n, 10))
-	return time.Duration(rand.Int64N(int64(ceiling)) + 1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
