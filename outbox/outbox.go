@@ -317,35 +317,33 @@ func keyed(err error) error {
 // span, the message carries its W3C traceparent, and the relay and the
 // senders continue that trace to the provider's request.
 func Enqueue(ctx context.Context, tx pgx.Tx, to, body string, opts ...Option) (uuid.UUID, error) {
-	o, err := apply(opts)
-	if err != nil {
-		return uuid.Nil, err
-	}
-	id, err := newID(to, body)
-	if err != nil {
-		return uuid.Nil, err
-	}
-	o.traceparent = traceparent(ctx)
-	if o.keyed {
-		var created bool
-		query, args := keyedInsert(id, to, body, o)
-		if err := tx.QueryRow(ctx, query, args...).Scan(&id, &created); err != nil {
-			return uuid.Nil, keyed(err)
+	return enqueue(ctx, func(query string, args []any, dest ...any) error {
+		if len(dest) == 0 {
+			_, err := tx.Exec(ctx, query, args...)
+			return err
 		}
-		o.setCreated(created)
-		return id, nil
-	}
-	sql, args := insert(id, to, body, o)
-	if _, err := tx.Exec(ctx, sql, args...); err != nil {
-		return uuid.Nil, dbError("insert", err)
-	}
-	o.setCreated(true)
-	return id, nil
+		return tx.QueryRow(ctx, query, args...).Scan(dest...)
+	}, to, body, opts)
 }
 
 // EnqueueSQL is Enqueue for database/sql: it writes the message inside tx,
 // a transaction of any Postgres driver.
 func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string, opts ...Option) (uuid.UUID, error) {
+	return enqueue(ctx, func(query string, args []any, dest ...any) error {
+		if len(dest) == 0 {
+			_, err := tx.ExecContext(ctx, query, args...)
+			return err
+		}
+		return tx.QueryRowContext(ctx, query, args...).Scan(dest...)
+	}, to, body, opts)
+}
+
+// statement runs one statement in the application's transaction, scanning
+// its row into dest when dest is given: all that differs between the
+// drivers Enqueue and EnqueueSQL write through.
+type statement func(query string, args []any, dest ...any) error
+
+func enqueue(ctx context.Context, run statement, to, body string, opts []Option) (uuid.UUID, error) {
 	o, err := apply(opts)
 	if err != nil {
 		return uuid.Nil, err
@@ -358,14 +356,14 @@ func EnqueueSQL(ctx context.Context, tx *sql.Tx, to, body string, opts ...Option
 	if o.keyed {
 		var created bool
 		query, args := keyedInsert(id, to, body, o)
-		if err := tx.QueryRowContext(ctx, query, args...).Scan(&id, &created); err != nil {
+		if err := run(query, args, &id, &created); err != nil {
 			return uuid.Nil, keyed(err)
 		}
 		o.setCreated(created)
 		return id, nil
 	}
 	query, args := insert(id, to, body, o)
-	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+	if err := run(query, args); err != nil {
 		return uuid.Nil, dbError("insert", err)
 	}
 	o.setCreated(true)
