@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sendonce/sendonce/internal/smsstub"
 	"github.com/sendonce/sendonce/outbox"
 )
 
@@ -210,22 +211,10 @@ func (b *bench) drainPipeline(ctx context.Context, rep *report, d pipeDrain) (si
 	}
 	pg := b.finishPG(ctx, name, pg0, cpu, n)
 
-	var last time.Time
-	var attempts, rows int
-	err = b.pool.QueryRow(ctx, `SELECT count(*), max(updated_at), sum(attempt_count) FROM `+table+` WHERE status = $1`, final).Scan(&rows, &last, &attempts)
+	span, rate, attempts, err := b.drained(ctx, name, table, final, n, started, stats, cpu)
 	if err != nil {
-		return sideResult{}, fmt.Errorf("read %s rows: %w", final, err)
-	}
-	if rows != n {
-		return sideResult{}, fmt.Errorf("%d of %d rows %s", rows, n, final)
-	}
-	if err := checkOnce(stats.Deliveries, stats.Keys, n); err != nil {
 		return sideResult{}, err
 	}
-	span := last.Sub(started)
-	rate := float64(n) / span.Seconds()
-	b.logf("[%s] %d messages %s in %s: %.0f msg/s; %d attempts, %d provider requests, %d receipts", name, n, final, span.Round(time.Millisecond), rate, attempts, stats.Requests, stats.ReceiptsSent)
-	b.logf("[%s] cpu: %s", name, cpu)
 	details := map[string]any{
 		"messages_per_second": rate, "relay_start_to_last_" + final + "_s": span.Seconds(), "attempts": attempts,
 		"provider_requests": stats.Requests, "senders": b.cfg.senders, "sender_concurrency": b.cfg.concurrency,
@@ -245,6 +234,30 @@ func (b *bench) drainPipeline(ctx context.Context, rep *report, d pipeDrain) (si
 		return sideResult{}, fmt.Errorf("vacuum after the side: %w", err)
 	}
 	return sideResult{Rate: rate, PG: pg, Flow: flow}, nil
+}
+
+// drained checks a drain's end: all n rows of table reached final, and
+// the stub took each message once. It returns the span from started to
+// the last row's update, the rate over it and the rows' attempts, and
+// logs them.
+func (b *bench) drained(ctx context.Context, name, table, final string, n int, started time.Time, stats smsstub.Stats, cpu cpuSplit) (time.Duration, float64, int, error) {
+	var last time.Time
+	var attempts, rows int
+	err := b.pool.QueryRow(ctx, `SELECT count(*), max(updated_at), sum(attempt_count) FROM `+table+` WHERE status = $1`, final).Scan(&rows, &last, &attempts)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("read %s rows: %w", final, err)
+	}
+	if rows != n {
+		return 0, 0, 0, fmt.Errorf("%d of %d rows %s", rows, n, final)
+	}
+	if err := checkOnce(stats.Deliveries, stats.Keys, n); err != nil {
+		return 0, 0, 0, err
+	}
+	span := last.Sub(started)
+	rate := float64(n) / span.Seconds()
+	b.logf("[%s] %d messages %s in %s: %.0f msg/s; %d attempts, %d provider requests, %d receipts", name, n, final, span.Round(time.Millisecond), rate, attempts, stats.Requests, stats.ReceiptsSent)
+	b.logf("[%s] cpu: %s", name, cpu)
+	return span, rate, attempts, nil
 }
 
 // waitSent waits until the stub has delivered n messages and table shows

@@ -415,22 +415,10 @@ func (b *bench) barePipeline(ctx context.Context, rep *report, run int, receipts
 	pool.Close()
 	pg := b.finishPG(ctx, name, pg0, cpu, n)
 
-	var lastSent time.Time
-	var attempts, sent int
-	err = b.pool.QueryRow(ctx, `SELECT count(*), max(updated_at), sum(attempt_count) FROM `+bareTable+` WHERE status = $1`, final).Scan(&sent, &lastSent, &attempts)
+	span, rate, attempts, err := b.drained(ctx, name, bareTable, final, n, started, stats, cpu)
 	if err != nil {
-		return sideResult{}, fmt.Errorf("read %s rows: %w", final, err)
-	}
-	if sent != n {
-		return sideResult{}, fmt.Errorf("%d of %d rows %s", sent, n, final)
-	}
-	if err := checkOnce(stats.Deliveries, stats.Keys, n); err != nil {
 		return sideResult{}, err
 	}
-	span := lastSent.Sub(started)
-	rate := float64(n) / span.Seconds()
-	b.logf("[%s] %d messages %s in %s: %.0f msg/s; %d attempts, %d provider requests, %d receipts", name, n, final, span.Round(time.Millisecond), rate, attempts, stats.Requests, stats.ReceiptsSent)
-	b.logf("[%s] cpu: %s", name, cpu)
 	rep.Scenarios = append(rep.Scenarios, scenarioReport{Name: scen, Run: run, Rows: n, CPU: cpu, Memory: mem, Postgres: pg, Details: map[string]any{
 		"messages_per_second": rate, "start_to_last_sent_s": span.Seconds(), "attempts": attempts,
 		"provider_requests": stats.Requests, "sender_loops": loops, "fetch_batch": batch,
