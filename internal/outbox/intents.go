@@ -14,20 +14,7 @@ import (
 // instead, never called. It returns how many became pending and how many
 // expired. Reads the first entries of sms_outbox_scheduled_idx.
 func PromoteDue(ctx context.Context, q Querier, limit int) (pending, expired int64, err error) {
-	err = q.QueryRow(ctx, `
-WITH due AS (
-`+dueScheduledSQL+`
-), moved AS (
-	UPDATE sms_outbox o
-	SET status = CASE WHEN o.expires_at <= clock_timestamp() THEN 'expired' ELSE 'pending' END,
-	    last_error = CASE WHEN o.expires_at <= clock_timestamp() THEN 'expired before its send time came round (no call)'
-	                      ELSE o.last_error END,
-	    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-	FROM due
-	WHERE o.id = due.id AND o.status = 'scheduled'
-	RETURNING o.status
-)
-SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'expired') FROM moved`, limit).Scan(&pending, &expired)
+	err = q.QueryRow(ctx, promoteDueSQL, limit).Scan(&pending, &expired)
 	if err != nil {
 		return 0, 0, fmt.Errorf("outbox: promote due scheduled rows: %w", err)
 	}
@@ -43,16 +30,7 @@ SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status
 // another relay or a sender holds; reads sms_outbox_expiring_idx. It
 // returns how many rows it ended.
 func ExpireDue(ctx context.Context, q Querier, limit int) (int64, error) {
-	tag, err := q.Exec(ctx, `
-WITH due AS (
-`+dueExpiringSQL+`
-)
-UPDATE sms_outbox o
-SET status = 'expired', claim_id = NULL, lease_until = NULL,
-    last_error = 'expired before any provider call', updated_at = clock_timestamp()
-FROM due
-WHERE o.id = due.id AND o.status IN ('scheduled', 'pending', 'queued')
-  AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AND o.attempt_count = 0`, limit)
+	tag, err := q.Exec(ctx, expireDueSQL, limit)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: expire rows past their expiry: %w", err)
 	}
@@ -67,16 +45,14 @@ WHERE o.id = due.id AND o.status IN ('scheduled', 'pending', 'queued')
 // row page at each pass (a million scheduled rows: 1.4 s a pass, four a
 // second). A row that comes due during the statement waits for the next
 // pass.
-const (
-	dueScheduledSQL = `	SELECT id FROM sms_outbox
-	WHERE status = 'scheduled' AND send_at <= statement_timestamp()
-	ORDER BY send_at
-	LIMIT $1
-	FOR NO KEY UPDATE SKIP LOCKED`
-	dueExpiringSQL = `	SELECT id FROM sms_outbox
-	WHERE expires_at IS NOT NULL AND status IN ('scheduled', 'pending', 'queued') AND expires_at <= statement_timestamp()
-	  AND NOT maybe_accepted AND NOT lookup_pending AND NOT lookup_everywhere AND attempt_count = 0
-	ORDER BY expires_at
-	LIMIT $1
-	FOR NO KEY UPDATE SKIP LOCKED`
+var (
+	dueScheduledSQL = stmt("due_scheduled")
+	dueExpiringSQL  = stmt("due_expiring")
+)
+
+// promoteDueSQL and expireDueSQL are PromoteDue's and ExpireDue's
+// statements, each around its pick of the due rows, composed once here.
+var (
+	promoteDueSQL = fill(stmt("promote_due"), "due", dueScheduledSQL)
+	expireDueSQL  = fill(stmt("expire_due"), "due", dueExpiringSQL)
 )

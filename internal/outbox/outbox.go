@@ -159,7 +159,7 @@ func PoolConfig(dsn string, pooler Pooler) (*pgxpool.Config, error) {
 		case SessionPooler:
 			delete(cfg.ConnConfig.RuntimeParams, "plan_cache_mode")
 			cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-				if _, err := conn.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, false)`, mode); err != nil {
+				if _, err := conn.Exec(ctx, setPlanCacheModeSQL, mode); err != nil {
 					return fmt.Errorf("outbox: set plan_cache_mode: %w", err)
 				}
 				return nil
@@ -172,7 +172,7 @@ func PoolConfig(dsn string, pooler Pooler) (*pgxpool.Config, error) {
 	switch pooler {
 	case SessionPooler:
 		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-			if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
+			if _, err := conn.Exec(ctx, forceCustomPlansSQL); err != nil {
 				return fmt.Errorf("outbox: set plan_cache_mode: %w", err)
 			}
 			return nil
@@ -263,18 +263,24 @@ const (
 // the plans conn cached when it turns to generic plans.
 func choosePlans(ctx context.Context, conn *pgx.Conn) error {
 	var mode string
-	err := conn.QueryRow(ctx, `SELECT set_config('plan_cache_mode',
-		CASE WHEN coalesce((SELECT relpages FROM pg_class WHERE oid = to_regclass('sms_outbox')), 0) >= $1
-		     THEN 'auto' ELSE 'force_custom_plan' END, false)`, GenericPlansMinPages).Scan(&mode)
+	err := conn.QueryRow(ctx, choosePlansSQL, GenericPlansMinPages).Scan(&mode)
 	if err != nil {
 		return fmt.Errorf("outbox: choose plan_cache_mode: %w", err)
 	}
 	data := conn.PgConn().CustomData()
 	if mode == "auto" && data[plansModeKey] != "auto" {
-		if _, err := conn.Exec(ctx, `DISCARD PLANS`); err != nil {
+		if _, err := conn.Exec(ctx, discardPlansSQL); err != nil {
 			return fmt.Errorf("outbox: discard plans: %w", err)
 		}
 	}
 	data[plansModeKey], data[plansCheckedKey] = mode, time.Now()
 	return nil
 }
+
+// The statements of this file (sql.go).
+var (
+	choosePlansSQL      = stmt("choose_plans")
+	discardPlansSQL     = stmt("discard_plans")
+	forceCustomPlansSQL = stmt("force_custom_plans")
+	setPlanCacheModeSQL = stmt("set_plan_cache_mode")
+)

@@ -33,28 +33,7 @@ import (
 // same index: a chunk of delivered rows costs no heap access. A row another
 // transaction holds is skipped: whoever holds a sent row moves it on
 // (a receipt) or marks it (another sweep).
-const markOverdueSQL = `
-WITH chunk AS MATERIALIZED (
-	SELECT updated_at, status FROM sms_outbox
-	WHERE status IN ('sent', 'delivered', 'undelivered', 'dead')
-	  AND updated_at >= greatest($1::timestamptz, now() - $2::interval - $4::interval)
-	  AND updated_at <= now() - $2::interval
-	ORDER BY updated_at
-	LIMIT $3
-), found AS (
-	SELECT o.id FROM (SELECT DISTINCT updated_at FROM chunk WHERE status = 'sent') c
-	JOIN sms_outbox o ON o.updated_at = c.updated_at
-	WHERE o.status IN ('sent', 'delivered', 'undelivered', 'dead') AND o.status = 'sent' AND NOT o.lookup_pending
-	  AND ($5 OR o.provider_ref IS NOT NULL)
-	ORDER BY o.id
-	FOR NO KEY UPDATE OF o SKIP LOCKED
-), marked AS (
-	UPDATE sms_outbox o SET lookup_pending = true, lookups = 0, next_attempt_at = clock_timestamp()
-	FROM found WHERE o.id = found.id
-	RETURNING o.id
-)
-SELECT (SELECT count(*) FROM chunk), (SELECT max(updated_at) FROM chunk), now() - $2::interval,
-       (SELECT count(*) FROM marked)`
+var markOverdueSQL = stmt("mark_overdue")
 
 // OverdueScan is what one chunk of the overdue scan read and did.
 type OverdueScan struct {
@@ -120,20 +99,7 @@ type OverdueRow struct {
 // claimOverdueSQL claims up to $1 marked rows whose look is due, through
 // the first entries of sms_outbox_overdue_idx, and schedules each one's
 // next look: $2 the delays in seconds by look, $3 the least delay.
-const claimOverdueSQL = `
-WITH due AS (
-	SELECT id FROM sms_outbox
-	WHERE status = 'sent' AND lookup_pending AND next_attempt_at <= now()
-	ORDER BY next_attempt_at
-	LIMIT $1
-	FOR NO KEY UPDATE SKIP LOCKED
-)
-UPDATE sms_outbox o
-SET lookups = least(o.lookups + 1, 32767),
-    next_attempt_at = clock_timestamp() + greatest($3::float8,
-        coalesce(($2::float8[])[o.lookups + 1], ($2::float8[])[cardinality($2::float8[])])) * interval '1 second'
-FROM due WHERE o.id = due.id
-RETURNING o.id, o.to_e164, o.body, coalesce(o.provider_ref, ''), o.created_at, o.updated_at, o.lookups, coalesce(o.provider, '')`
+var claimOverdueSQL = stmt("claim_overdue")
 
 // ClaimOverdue claims up to limit marked rows whose next look is due, the
 // longest due first, skipping rows another transaction holds. Claiming is
@@ -173,8 +139,7 @@ func ReleaseOverdue(ctx context.Context, q Querier, ids []uuid.UUID) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := q.Exec(ctx, `UPDATE sms_outbox SET lookups = greatest(lookups - 1, 0), next_attempt_at = now()
-		WHERE id = ANY($1::uuid[]) AND status = 'sent' AND lookup_pending`, uuidArray(ids))
+	_, err := q.Exec(ctx, releaseOverdueSQL, uuidArray(ids))
 	if err != nil {
 		return fmt.Errorf("outbox: release rows with overdue receipts: %w", err)
 	}
@@ -244,19 +209,7 @@ func RecordOverdueLooks(ctx context.Context, tx pgx.Tx, looks []OverdueLook) (Ov
 			evRefs[i] = &r
 		}
 	}
-	rows, _ := tx.Query(ctx, `
-WITH locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE sms_outbox o
-SET status = CASE WHEN v.fate <> '' THEN v.fate ELSE o.status END,
-    provider_ref = CASE WHEN v.fate <> '' THEN coalesce(o.provider_ref, nullif(v.ref, '')) ELSE o.provider_ref END,
-    lookup_pending = false,
-    updated_at = CASE WHEN v.fate <> '' THEN clock_timestamp() ELSE o.updated_at END
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[]) AS v(id, fate, ref, last)
-     JOIN locked USING (id)
-WHERE o.id = v.id AND o.status = 'sent' AND (v.fate <> '' OR (v.last AND o.lookup_pending))
-RETURNING o.id, o.status`, uuidArray(ids), fates, refs, last)
+	rows, _ := tx.Query(ctx, recordOverdueLooksSQL, uuidArray(ids), fates, refs, last)
 	var (
 		id     uuid.UUID
 		status string
@@ -272,11 +225,7 @@ RETURNING o.id, o.status`, uuidArray(ids), fates, refs, last)
 	if err != nil {
 		return OverdueWritten{}, fmt.Errorf("outbox: record overdue looks: %w", err)
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, detail, received_at, source)
-		SELECT v.id, 'lookup', v.result, v.ref, nullif(v.detail, ''), v.at, v.source
-		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[])
-			AS v(id, result, ref, detail, at, source)
-		JOIN sms_outbox o ON o.id = v.id`, uuidArray(ids), results, evRefs, details, at, sources)
+	_, err = tx.Exec(ctx, insertOverdueLookupsSQL, uuidArray(ids), results, evRefs, details, at, sources)
 	if err != nil {
 		return OverdueWritten{}, fmt.Errorf("outbox: record overdue lookups: %w", err)
 	}
@@ -286,8 +235,7 @@ RETURNING o.id, o.status`, uuidArray(ids), fates, refs, last)
 // overdueBacklogSQL counts the marked rows, reading at most $1 entries of
 // sms_outbox_overdue_idx (index-only: the send time is included), and the
 // age of the oldest of those it read.
-const overdueBacklogSQL = `SELECT count(*), extract(epoch FROM now() - min(updated_at))
-	FROM (SELECT updated_at FROM sms_outbox WHERE status = 'sent' AND lookup_pending LIMIT $1) AS s`
+var overdueBacklogSQL = stmt("overdue_backlog")
 
 // OverdueBacklog returns how many sent rows are marked with an overdue
 // receipt (the senders' sweep is still looking them up), counting at most
@@ -308,3 +256,10 @@ func OverdueBacklog(ctx context.Context, q Querier, limit int) (int64, time.Dura
 	}
 	return n, time.Duration(max(0, *secs) * float64(time.Second)), nil
 }
+
+// The statements of this file (sql.go).
+var (
+	insertOverdueLookupsSQL = stmt("insert_overdue_lookups")
+	recordOverdueLooksSQL   = stmt("record_overdue_looks")
+	releaseOverdueSQL       = stmt("release_overdue")
+)

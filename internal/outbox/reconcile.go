@@ -60,19 +60,7 @@ func (s Stuck) Spent() bool { return s.Attempts >= s.MaxAttempts }
 // bulk lanes' consumers, in that order.
 func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, done [3]uint64, lastSeq uint64, limit int) ([]Stuck, error) {
 	seq := func(s uint64) int64 { return int64(min(s, 1<<62)) }
-	rows, _ := tx.Query(ctx, `SELECT id, status, publish_gen, attempt_count, max_attempts, maybe_accepted, priority, lookup_pending,
-		       coalesce(traceparent, '')
-		FROM sms_outbox
-		WHERE status IN ('queued', 'sending')
-		  AND ((status = 'sending' AND coalesce(lease_until, updated_at) < now() - $1::interval
-		                           AND next_attempt_at < now() - $1::interval)
-		    OR (status = 'queued' AND stream_seq IS NULL AND next_attempt_at <= now())
-		    OR (status = 'queued' AND updated_at < now() - $1::interval AND next_attempt_at < now() - $1::interval
-		                          AND (stream_seq <= CASE priority WHEN 1 THEN $2::bigint WHEN 3 THEN $6::bigint ELSE $5::bigint END
-		                               OR stream_seq > $4)))
-		ORDER BY updated_at
-		LIMIT $3
-		FOR NO KEY UPDATE SKIP LOCKED`, grace, seq(done[0]), limit, seq(lastSeq), seq(done[1]), seq(done[2]))
+	rows, _ := tx.Query(ctx, claimStuckSQL, grace, seq(done[0]), limit, seq(lastSeq), seq(done[1]), seq(done[2]))
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Stuck, error) {
 		var s Stuck
 		err := r.Scan(&s.ID, &s.Status, &s.Gen, &s.Attempts, &s.MaxAttempts, &s.MaybeAccepted, &s.Priority, &s.LookupPending, &s.Traceparent)
@@ -90,10 +78,7 @@ func ClaimStuck(ctx context.Context, tx pgx.Tx, grace time.Duration, done [3]uin
 // attempt's outcome is unknown), and its retry time moves to now, which keeps
 // the reconciler off it for another grace period.
 func MarkRepublished(ctx context.Context, tx pgx.Tx, id uuid.UUID, gen int32, seq uint64) error {
-	_, err := tx.Exec(ctx, `UPDATE sms_outbox
-		SET publish_gen = $2, stream_seq = $3, next_attempt_at = now(),
-		    updated_at = CASE WHEN status = 'queued' THEN now() ELSE updated_at END
-		WHERE id = $1 AND status IN ('queued', 'sending')`, id, gen, int64(seq))
+	_, err := tx.Exec(ctx, markRepublishedSQL, id, gen, int64(seq))
 	if err != nil {
 		return fmt.Errorf("outbox: mark republished: %w", err)
 	}
@@ -106,8 +91,7 @@ func MarkRepublished(ctx context.Context, tx pgx.Tx, id uuid.UUID, gen int32, se
 // with MarkLettered) after the transaction commits; until it is, the row is
 // among those ClaimUnlettered finds.
 func Finalize(ctx context.Context, tx pgx.Tx, s Stuck, status State, reason, msg string) error {
-	tag, err := tx.Exec(ctx, `UPDATE sms_outbox SET status = $2, end_reason = $3, last_error = $4, updated_at = now()
-		WHERE id = $1 AND status IN ('queued', 'sending')`, s.ID, string(status), reason, msg)
+	tag, err := tx.Exec(ctx, finalizeStuckSQL, s.ID, string(status), reason, msg)
 	if err != nil {
 		return fmt.Errorf("outbox: finalize stuck row: %w", err)
 	}
@@ -118,3 +102,10 @@ func Finalize(ctx context.Context, tx pgx.Tx, s Stuck, status State, reason, msg
 		OutboxID: s.ID, Number: s.Attempts, StartedAt: time.Now(), Outcome: reason, Error: msg, Sender: "reconciler",
 	}}, false)
 }
+
+// The statements of this file (sql.go).
+var (
+	claimStuckSQL      = stmt("claim_stuck")
+	finalizeStuckSQL   = stmt("finalize_stuck")
+	markRepublishedSQL = stmt("mark_republished")
+)

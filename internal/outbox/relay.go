@@ -44,11 +44,7 @@ func MsgID(id uuid.UUID, gen int32) string {
 func ClaimPending(ctx context.Context, tx pgx.Tx, limit int) ([]Pending, error) {
 	// A row past its expiry is left to the scheduler's sweep (ExpireDue),
 	// which ends it expired: it is never published.
-	rows, _ := tx.Query(ctx, `SELECT id, publish_gen, priority, coalesce(traceparent, '') FROM sms_outbox
-		WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > now())
-		ORDER BY priority, created_at
-		LIMIT $1
-		FOR NO KEY UPDATE SKIP LOCKED`, limit)
+	rows, _ := tx.Query(ctx, claimPendingSQL, limit)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pending, error) {
 		var p Pending
 		err := r.Scan(&p.ID, &p.Gen, &p.Priority, &p.Traceparent)
@@ -73,9 +69,7 @@ func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, seqs []int64) (
 	}
 	b := &pgx.Batch{}
 	b.Queue(nestedLoopsSQL)
-	b.Queue(`UPDATE sms_outbox o SET status = 'queued', stream_seq = v.seq, updated_at = now()
-		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, seq)
-		WHERE o.id = v.id AND o.status = 'pending'`, uuidArray(ids), seqs)
+	b.Queue(markQueuedSQL, uuidArray(ids), seqs)
 	br := tx.SendBatch(ctx, b)
 	_, err := br.Exec()
 	var tag pgconn.CommandTag
@@ -100,7 +94,7 @@ func MarkQueued(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, seqs []int64) (
 // statement; psql, 500 ids against 20,000 pending rows: 14-16 ms hashed,
 // 9.5-10 ms looped. On a table too large to hash, the loop is the plan
 // anyway.
-const nestedLoopsSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+var nestedLoopsSQL = stmt("nested_loops")
 
 // uuidArray returns ids as [16]byte values, which pgx encodes directly in
 // binary. uuid.UUID is a driver.Valuer, so pgx would otherwise encode each
@@ -113,3 +107,9 @@ func uuidArray(ids []uuid.UUID) [][16]byte {
 	}
 	return out
 }
+
+// The statements of this file (sql.go).
+var (
+	claimPendingSQL = stmt("claim_pending")
+	markQueuedSQL   = stmt("mark_queued")
+)

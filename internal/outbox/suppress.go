@@ -53,7 +53,7 @@ func ValidNumber(s string) bool { return e164.MatchString(s) }
 // (sendonce_suppression_analyze), after an import: the senders' claims
 // then probe a large list by its key rather than read it.
 func AnalyzeSuppressions(ctx context.Context, q Querier) error {
-	if _, err := q.Exec(ctx, `SELECT sendonce_suppression_analyze()`); err != nil {
+	if _, err := q.Exec(ctx, analyzeSuppressionsSQL); err != nil {
 		return fmt.Errorf("outbox: analyze the suppression list: %w", err)
 	}
 	return nil
@@ -89,7 +89,7 @@ func suppressRows(ctx context.Context, tx pgx.Tx, results []Result) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `SELECT sendonce_suppress_rows($1::uuid[], $2, $3::text[], $4::text[])`,
+	if _, err := tx.Exec(ctx, suppressRowsSQL,
 		uuidArray(ids), SourceRefusal, provs, reasons); err != nil {
 		return fmt.Errorf("outbox: suppress the numbers providers refused as opted out: %w", err)
 	}
@@ -107,7 +107,7 @@ func SuppressReceipted(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, provs, r
 	if len(provs) != len(ids) || len(reasons) != len(ids) {
 		return fmt.Errorf("outbox: suppress receipted numbers: %d ids, %d providers, %d reasons", len(ids), len(provs), len(reasons))
 	}
-	if _, err := tx.Exec(ctx, `SELECT sendonce_suppress_rows($1::uuid[], $2, $3::text[], $4::text[])`,
+	if _, err := tx.Exec(ctx, suppressRowsSQL,
 		uuidArray(ids), SourceReceipt, provs, reasons); err != nil {
 		return fmt.Errorf("outbox: suppress the numbers receipts reported opted out: %w", err)
 	}
@@ -146,7 +146,7 @@ type Inbound struct {
 // InboundKept. Committed when it returns (one statement).
 func ApplyInbound(ctx context.Context, q Querier, in Inbound) (string, error) {
 	var res string
-	if err := q.QueryRow(ctx, `SELECT sendonce_suppress_inbound($1, $2, $3, $4)`, in.Number, in.Provider, in.Keyword, in.Lift).Scan(&res); err != nil {
+	if err := q.QueryRow(ctx, applyInboundSQL, in.Number, in.Provider, in.Keyword, in.Lift).Scan(&res); err != nil {
 		return "", fmt.Errorf("outbox: record an inbound keyword: %w", err)
 	}
 	return res, nil
@@ -158,7 +158,7 @@ func ApplyInbound(ctx context.Context, q Querier, in Inbound) (string, error) {
 // none.
 func SuppressNumbers(ctx context.Context, q Querier, numbers []string, source, reason, by string) (int64, error) {
 	var n int64
-	if err := q.QueryRow(ctx, `SELECT sendonce_suppress_add($1::text[], $2, $3, $4)`, numbers, source, reason, by).Scan(&n); err != nil {
+	if err := q.QueryRow(ctx, suppressNumbersSQL, numbers, source, reason, by).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: add numbers to the suppression list: %w", err)
 	}
 	return n, nil
@@ -168,7 +168,7 @@ func SuppressNumbers(ctx context.Context, q Querier, numbers []string, source, r
 // why (both required), and reports whether it was on the list.
 func Unsuppress(ctx context.Context, q Querier, number, by, reason string) (bool, error) {
 	var ok bool
-	if err := q.QueryRow(ctx, `SELECT sendonce_suppress_remove($1, $2, $3, 'operator')`, number, by, reason).Scan(&ok); err != nil {
+	if err := q.QueryRow(ctx, unsuppressSQL, number, by, reason).Scan(&ok); err != nil {
 		return false, fmt.Errorf("outbox: remove a number from the suppression list: %w", err)
 	}
 	return ok, nil
@@ -226,15 +226,12 @@ type SuppressionRemoval struct {
 // CheckSuppression returns number's entry (nil when it is not on the list)
 // and its past removals, newest first.
 func CheckSuppression(ctx context.Context, q Querier, number string) (*SuppressionEntry, []SuppressionRemoval, error) {
-	rows, _ := q.Query(ctx, `SELECT seq, number_masked, source, coalesce(provider, ''), reason, added_by, added_at
-		FROM sendonce_suppression_check($1)`, number)
+	rows, _ := q.Query(ctx, checkSuppressionSQL, number)
 	entries, err := pgx.CollectRows(rows, scanEntry)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: check a number: %w", err)
 	}
-	rows, _ = q.Query(ctx, `SELECT added_source, coalesce(added_provider, ''), added_reason, added_by, added_at,
-			removed_at, removed_by, removed_via, reason
-		FROM sendonce_suppression_removed($1)`, number)
+	rows, _ = q.Query(ctx, suppressionRemovalsSQL, number)
 	removals, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SuppressionRemoval, error) {
 		var x SuppressionRemoval
 		err := r.Scan(&x.Added.Source, &x.Added.Provider, &x.Added.Reason, &x.Added.By, &x.Added.At, &x.At, &x.By, &x.Via, &x.Reason)
@@ -264,8 +261,7 @@ func scanEntry(r pgx.CollectableRow) (SuppressionEntry, error) {
 // (0: from the first), in the order they were added, numbers masked, and
 // the after of the next page (0 when there is none).
 func Suppressions(ctx context.Context, q Querier, after int64, limit int) ([]SuppressionEntry, int64, error) {
-	rows, _ := q.Query(ctx, `SELECT seq, number_masked, source, coalesce(provider, ''), reason, added_by, added_at
-		FROM sms_suppressions_masked WHERE seq > $1 ORDER BY seq LIMIT $2`, after, limit+1)
+	rows, _ := q.Query(ctx, suppressionsPageSQL, after, limit+1)
 	entries, err := pgx.CollectRows(rows, scanEntry)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: list the suppression list: %w", err)
@@ -282,7 +278,7 @@ func Suppressions(ctx context.Context, q Querier, after int64, limit int) ([]Sup
 // is not on the list (or there is no such row).
 func SuppressionOf(ctx context.Context, q Querier, id uuid.UUID) (*SuppressionEntry, error) {
 	var e SuppressionEntry
-	err := q.QueryRow(ctx, `SELECT seq, source, coalesce(provider, ''), reason, added_by, added_at FROM sendonce_suppression_of($1)`, id).
+	err := q.QueryRow(ctx, suppressionOfSQL, id).
 		Scan(&e.Seq, &e.Source, &e.Provider, &e.Reason, &e.By, &e.At)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -298,7 +294,7 @@ func SuppressionOf(ctx context.Context, q Querier, id uuid.UUID) (*SuppressionEn
 // limit of them; capped is set when it stopped there (the counts are then
 // a floor).
 func CountSuppressions(ctx context.Context, q Querier, limit int) (map[string]int64, bool, error) {
-	rows, _ := q.Query(ctx, `SELECT source, count(*) FROM (SELECT source FROM sms_suppressions LIMIT $1) s GROUP BY source`, limit)
+	rows, _ := q.Query(ctx, countSuppressionsSQL, limit)
 	out := make(map[string]int64, len(Sources))
 	for _, s := range Sources {
 		out[s] = 0
@@ -341,7 +337,7 @@ func ConsoleSuppress(ctx context.Context, q Querier, c *ConsoleSuppression) erro
 	if c.Remove {
 		action = "unsuppress"
 	}
-	err := q.QueryRow(ctx, `SELECT audit_id, audit_at, changed FROM sendonce_console_suppress($1, $2, $3, $4, $5, $6)`,
+	err := q.QueryRow(ctx, consoleSuppressSQL,
 		c.User, c.Role, action, c.Number, c.Reason, c.Remote).Scan(&c.AuditID, &c.At, &c.Changed)
 	if err != nil {
 		return fmt.Errorf("outbox: %s a number from the console: %w", action, err)
@@ -352,8 +348,7 @@ func ConsoleSuppress(ctx context.Context, q Querier, c *ConsoleSuppression) erro
 // ConsoleSuppressions returns the newest limit additions and removals
 // made from the console, newest first (their audit rows).
 func ConsoleSuppressions(ctx context.Context, q Querier, limit int) ([]ConsoleAction, error) {
-	rows, _ := q.Query(ctx, `SELECT id, at, username, role, action, coalesce(detail, ''), refused = 0, coalesce(remote, '')
-		FROM sendonce_console_audit WHERE action IN ('suppress', 'unsuppress') ORDER BY id DESC LIMIT $1`, limit)
+	rows, _ := q.Query(ctx, consoleSuppressionsSQL, limit)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsoleAction, error) {
 		var a ConsoleAction
 		err := r.Scan(&a.ID, &a.At, &a.User, &a.Role, &a.Action, &a.Detail, &a.Changed, &a.Remote)
@@ -377,3 +372,19 @@ type ConsoleAction struct {
 	// Changed is false when the change found nothing to do.
 	Changed bool
 }
+
+// The statements of this file (sql.go).
+var (
+	analyzeSuppressionsSQL = stmt("analyze_suppressions")
+	applyInboundSQL        = stmt("apply_inbound")
+	checkSuppressionSQL    = stmt("check_suppression")
+	consoleSuppressSQL     = stmt("console_suppress")
+	consoleSuppressionsSQL = stmt("console_suppressions")
+	countSuppressionsSQL   = stmt("count_suppressions")
+	suppressNumbersSQL     = stmt("suppress_numbers")
+	suppressRowsSQL        = stmt("suppress_rows")
+	suppressionOfSQL       = stmt("suppression_of")
+	suppressionRemovalsSQL = stmt("suppression_removals")
+	suppressionsPageSQL    = stmt("suppressions_page")
+	unsuppressSQL          = stmt("unsuppress")
+)

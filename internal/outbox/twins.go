@@ -74,13 +74,4 @@ func Twins(ctx context.Context, q Querier, id uuid.UUID, to, body string, since 
 // twinsSQL is Twins' statement: one branch per partial index on updated_at,
 // each with its index's predicate, so that each branch reads its own range
 // of its index.
-const twinsSQL = `
-SELECT id, status, coalesce(provider_ref, ''), body FROM sms_outbox
-WHERE status IN ('queued', 'sending') AND updated_at >= $3 AND to_e164 = $2 AND id <> $1
-  AND (status = 'sending' OR maybe_accepted)
-UNION ALL
-SELECT id, status, coalesce(provider_ref, ''), body FROM sms_outbox
-WHERE status IN ('sent', 'delivered', 'undelivered') AND updated_at >= $3 AND to_e164 = $2 AND id <> $1
-UNION ALL
-SELECT id, status, coalesce(provider_ref, ''), body FROM sms_outbox
-WHERE status = 'unknown' AND updated_at >= $3 AND to_e164 = $2 AND id <> $1`
+var twinsSQL = stmt("twins")

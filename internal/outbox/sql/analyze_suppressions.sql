@@ -1,0 +1,1 @@
+SELECT sendonce_suppression_analyze()

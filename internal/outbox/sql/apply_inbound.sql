@@ -1,0 +1,1 @@
+SELECT sendonce_suppress_inbound($1, $2, $3, $4)

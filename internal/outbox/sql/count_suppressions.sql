@@ -1,0 +1,1 @@
+SELECT source, count(*) FROM (SELECT source FROM sms_suppressions LIMIT $1) s GROUP BY source

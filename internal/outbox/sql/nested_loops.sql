@@ -1,0 +1,1 @@
+SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)

@@ -1,0 +1,1 @@
+SELECT set_config('plan_cache_mode', $1, false)
