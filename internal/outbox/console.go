@@ -53,13 +53,7 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 	var freqs map[string]float64
 	var vals []string
 	var fs []float32
-	err := q.QueryRow(ctx, `SELECT
-			greatest(coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'sms_outbox'::regclass), 0),
-			         (SELECT reltuples FROM pg_class WHERE oid = 'sms_outbox'::regclass)::bigint),
-			(SELECT most_common_vals::text::text[] FROM pg_stats
-			  WHERE schemaname = current_schema() AND tablename = 'sms_outbox' AND attname = 'status'),
-			(SELECT most_common_freqs FROM pg_stats
-			  WHERE schemaname = current_schema() AND tablename = 'sms_outbox' AND attname = 'status')`).
+	err := q.QueryRow(ctx, statusStatisticsSQL).
 		Scan(&live, &vals, &fs)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: table statistics: %w", err)
@@ -67,7 +61,7 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 	counts := map[State]int64{}
 	estimated := map[State]bool{}
 	if live < exactBelow {
-		rows, _ := q.Query(ctx, `SELECT status, count(*) FROM sms_outbox GROUP BY status`)
+		rows, _ := q.Query(ctx, countByStatusSQL)
 		var s string
 		var n int64
 		if _, err := pgx.ForEachRow(rows, []any{&s, &n}, func() error { counts[State(s)] = n; return nil }); err != nil {
@@ -136,8 +130,7 @@ func CountStatuses(ctx context.Context, q Querier, exactBelow int64) ([]StatusCo
 // statistics (est).
 func countEnded(ctx context.Context, q Querier, bound int) (dead, unknown int64, est bool, err error) {
 	var seen int64
-	err = q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE status = 'unknown'), count(*)
-		FROM (SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') LIMIT $1) AS e`, bound).Scan(&dead, &unknown, &seen)
+	err = q.QueryRow(ctx, countEndedSQL, bound).Scan(&dead, &unknown, &seen)
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("outbox: count dead and unknown rows: %w", err)
 	}
@@ -172,30 +165,7 @@ type WindowCount struct {
 // dead rows' carry the status) and stops at limit rows.
 func CountChanged(ctx context.Context, q Querier, since time.Time, limit int) ([]WindowCount, error) {
 	var pending, queued, sending, sent, delivered, undelivered, final, dead, unknown, expired, cancelled, suppressed, unsent int64
-	err := q.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' AND created_at >= $1 LIMIT $2) g),
-		(SELECT count(*) FILTER (WHERE status = 'queued') FROM
-			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
-		(SELECT count(*) FILTER (WHERE status = 'sending') FROM
-			(SELECT status FROM sms_outbox WHERE status IN ('queued', 'sending') AND updated_at >= $1 LIMIT $2) g),
-		f.sent, f.delivered, f.undelivered, f.final,
-		(SELECT count(*) FILTER (WHERE status = 'dead') FROM
-			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
-		(SELECT count(*) FILTER (WHERE status = 'unknown') FROM
-			(SELECT status FROM sms_outbox WHERE status IN ('dead', 'unknown') AND updated_at >= $1 LIMIT $2) g),
-		u.expired, u.cancelled, u.suppressed, u.unsent
-		FROM (SELECT count(*) FILTER (WHERE status = 'sent') AS sent,
-				count(*) FILTER (WHERE status = 'delivered') AS delivered,
-				count(*) FILTER (WHERE status = 'undelivered') AS undelivered,
-				count(*) AS final
-			FROM (SELECT status FROM sms_outbox
-				WHERE status IN ('sent', 'delivered', 'undelivered', 'dead') AND updated_at >= $1 LIMIT $2) g) f,
-			(SELECT count(*) FILTER (WHERE status = 'expired') AS expired,
-				count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-				count(*) FILTER (WHERE status = 'suppressed') AS suppressed,
-				count(*) AS unsent
-			FROM (SELECT status FROM sms_outbox
-				WHERE status IN ('expired', 'cancelled', 'suppressed') AND updated_at >= $1 LIMIT $2) g) u`,
+	err := q.QueryRow(ctx, countChangedSQL,
 		since, limit).Scan(&pending, &queued, &sending, &sent, &delivered, &undelivered, &final, &dead, &unknown,
 		&expired, &cancelled, &suppressed, &unsent)
 	if err != nil {
@@ -245,16 +215,7 @@ type MinuteAttempts struct {
 // plus whole minutes; Postgres keeps microseconds, so give a since without
 // a finer part.
 func AttemptsPerMinute(ctx context.Context, q Querier, since time.Time) ([]MinuteAttempts, error) {
-	rows, _ := q.Query(ctx, `SELECT m, sum(sent)::bigint, sum(retry)::bigint, sum(failed)::bigint FROM (
-			SELECT date_bin('1 minute', started_at, $1) AS m, 0 AS sent,
-				count(*) FILTER (WHERE outcome IN ('retry', 'rate_limited')) AS retry,
-				count(*) FILTER (WHERE outcome NOT IN ('sent', 'retry', 'rate_limited')) AS failed
-			FROM sms_attempts WHERE started_at >= $1 GROUP BY 1
-			UNION ALL
-			SELECT date_bin('1 minute', sent_at, $1), count(*), 0, 0
-			FROM sms_outbox
-			WHERE status IN ('sent', 'delivered', 'undelivered') AND updated_at >= $1 AND sent_at >= $1 GROUP BY 1
-		) per GROUP BY m ORDER BY m`, since)
+	rows, _ := q.Query(ctx, attemptsPerMinuteSQL, since)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MinuteAttempts, error) {
 		var m MinuteAttempts
 		err := r.Scan(&m.Minute, &m.Sent, &m.Retry, &m.Failed)
@@ -269,8 +230,7 @@ func AttemptsPerMinute(ctx context.Context, q Querier, since time.Time) ([]Minut
 // DeadByReason counts the rows that became dead or unknown at or after
 // since, by dead-letter reason.
 func DeadByReason(ctx context.Context, q Querier, since time.Time) (map[string]int64, error) {
-	rows, _ := q.Query(ctx, `SELECT coalesce(end_reason, ''), count(*) FROM sms_outbox
-		WHERE status IN ('dead', 'unknown') AND updated_at >= $1 GROUP BY 1`, since)
+	rows, _ := q.Query(ctx, deadByReasonSQL, since)
 	out := map[string]int64{}
 	var reason string
 	var n int64
@@ -291,7 +251,14 @@ type DeadFilter struct {
 	ProviderCode *int
 }
 
-func (f DeadFilter) where() (string, []any) {
+// statement fills template (dead_rows.sql or dead_summary.sql) for f and
+// limit, and returns it with its arguments. The conditions are the only
+// SQL of the package left in Go: which of them a filter sets decides
+// their parameters' numbers, so they cannot be one static statement, and
+// a file per combination would be sixteen copies of each. Each is fixed
+// text with a parameter, never input; TestEveryStatementPrepares prepares
+// both templates filled here, with no condition set and with all.
+func (f DeadFilter) statement(template string, limit int) (string, []any) {
 	conds := []string{`o.status IN ('dead', 'unknown')`}
 	var args []any
 	add := func(cond string, v any) {
@@ -310,12 +277,9 @@ func (f DeadFilter) where() (string, []any) {
 	if f.ProviderCode != nil {
 		add(`coalesce(a.provider_code, 0) = $%d`, *f.ProviderCode)
 	}
-	return strings.Join(conds, " AND "), args
+	args = append(args, limit)
+	return fill(template, "where", strings.Join(conds, " AND "), "limit", fmt.Sprintf("$%d", len(args))), args
 }
-
-// lastAttempt joins each row o with its last attempt a.
-const lastAttempt = `LEFT JOIN LATERAL (SELECT provider_code, http_status FROM sms_attempts
-		WHERE outbox_id = o.id ORDER BY id DESC LIMIT 1) a ON true`
 
 // DeadRow is a dead or unknown row as the console lists it.
 type DeadRow struct {
@@ -335,12 +299,8 @@ type DeadRow struct {
 
 // DeadRows returns the newest limit rows matching f, newest first.
 func DeadRows(ctx context.Context, q Querier, f DeadFilter, limit int) ([]DeadRow, error) {
-	where, args := f.where()
-	args = append(args, limit)
-	rows, _ := q.Query(ctx, `SELECT o.id, o.status, coalesce(o.end_reason, ''), o.publish_gen, o.attempt_count, o.letter_seq,
-			coalesce(o.last_error, ''), coalesce(a.provider_code, 0), coalesce(a.http_status, 0), o.updated_at
-		FROM sms_outbox o `+lastAttempt+`
-		WHERE `+where+fmt.Sprintf(` ORDER BY o.updated_at DESC LIMIT $%d`, len(args)), args...)
+	sql, args := f.statement(deadRowsSQL, limit)
+	rows, _ := q.Query(ctx, sql, args...)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadRow, error) {
 		var d DeadRow
 		err := r.Scan(&d.ID, &d.Status, &d.Reason, &d.Gen, &d.Attempts, &d.LetterSeq, &d.LastError, &d.ProviderCode, &d.HTTPStatus, &d.EndedAt)
@@ -368,13 +328,8 @@ type DeadSummary struct {
 // SummarizeDead counts the newest limit rows matching f by provider code
 // and by reason.
 func SummarizeDead(ctx context.Context, q Querier, f DeadFilter, limit int) (DeadSummary, error) {
-	where, args := f.where()
-	args = append(args, limit)
-	rows, _ := q.Query(ctx, `SELECT code, reason, count(*) FROM (
-			SELECT coalesce(a.provider_code, 0) AS code, coalesce(o.end_reason, '') AS reason
-			FROM sms_outbox o `+lastAttempt+`
-			WHERE `+where+fmt.Sprintf(` ORDER BY o.updated_at DESC LIMIT $%d`, len(args))+`) m
-		GROUP BY code, reason`, args...)
+	sql, args := f.statement(deadSummarySQL, limit)
+	rows, _ := q.Query(ctx, sql, args...)
 	s := DeadSummary{ByCode: map[int]int64{}, ByReason: map[string]int64{}}
 	var code int
 	var reason string
@@ -396,8 +351,7 @@ func SummarizeDead(ctx context.Context, q Querier, f DeadFilter, limit int) (Dea
 // those of ids that are dead or unknown and whose letter is stored and
 // tracked (a row finished before letters were tracked has none here).
 func LetterSeqs(ctx context.Context, q Querier, ids []uuid.UUID) (map[uuid.UUID]uint64, error) {
-	rows, _ := q.Query(ctx, `SELECT id, letter_seq FROM sms_outbox
-		WHERE id = ANY($1) AND status IN ('dead', 'unknown') AND letter_seq > 0`, uuidArray(ids))
+	rows, _ := q.Query(ctx, letterSeqsSQL, uuidArray(ids))
 	out := map[uuid.UUID]uint64{}
 	var id uuid.UUID
 	var seq int64
@@ -422,10 +376,7 @@ func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (MaskedMessage, err
 	r := &m.Row
 	var ref, lastErr, reason *string
 	var leaseUntil *time.Time
-	err := q.QueryRow(ctx, `SELECT o.id, o.status, m.to_masked, m.body_chars, o.attempt_count, o.max_attempts, o.publish_gen,
-			o.stream_seq, o.provider_ref, o.last_error, o.created_at, o.updated_at, o.next_attempt_at, o.maybe_accepted,
-			o.lease_until, o.end_reason, o.letter_seq, o.priority, o.lookup_pending, o.lookups
-		FROM sms_outbox o JOIN sms_outbox_masked m ON m.id = o.id WHERE o.id = $1`, id).
+	err := q.QueryRow(ctx, maskedRowSQL, id).
 		Scan(&r.ID, &r.Status, &r.ToMasked, &r.BodyChars, &r.Attempts, &r.MaxAttempts, &r.Gen,
 			&r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt, &r.NextAttemptAt, &r.MaybeAccepted,
 			&leaseUntil, &reason, &r.LetterSeq, &m.Priority, &r.LookupPending, &r.Lookups)
@@ -447,7 +398,7 @@ func MaskedRow(ctx context.Context, q Querier, id uuid.UUID) (MaskedMessage, err
 // reads the table, so it is for a search an operator asks for, not a page
 // that refreshes.
 func FindByProviderRef(ctx context.Context, q Querier, ref string) ([]uuid.UUID, error) {
-	rows, _ := q.Query(ctx, `SELECT id FROM sms_outbox WHERE provider_ref = $1 LIMIT 10`, ref)
+	rows, _ := q.Query(ctx, findByProviderRefSQL, ref)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
 		return nil, fmt.Errorf("outbox: find by provider ref: %w", err)
@@ -472,14 +423,11 @@ type ConsoleReplay struct {
 // ConsoleReplays returns the newest limit console replays, newest first;
 // with row set, only those that replayed it.
 func ConsoleReplays(ctx context.Context, q Querier, row uuid.UUID, limit int) ([]ConsoleReplay, error) {
-	cond := ""
-	args := []any{limit}
+	sql, args := consoleReplaysSQL, []any{limit}
 	if row != uuid.Nil {
-		cond = `AND replayed @> ARRAY[$2::uuid]`
-		args = append(args, row)
+		sql, args = consoleReplaysOfRowSQL, append(args, row)
 	}
-	rows, _ := q.Query(ctx, `SELECT id, at, username, role, requested, replayed, refused, coalesce(remote, '')
-		FROM sendonce_console_audit WHERE action = 'replay' `+cond+` ORDER BY id DESC LIMIT $1`, args...)
+	rows, _ := q.Query(ctx, sql, args...)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsoleReplay, error) {
 		var c ConsoleReplay
 		err := r.Scan(&c.ID, &c.At, &c.User, &c.Role, &c.Requested, &c.Replayed, &c.Refused, &c.Remote)
@@ -509,11 +457,7 @@ type OldestRow struct {
 // and the in-flight (queued or sending) row changed longest ago, from the
 // partial indexes on unfinished rows.
 func OldestRows(ctx context.Context, q Querier) (pending, inflight OldestRow, err error) {
-	rows, _ := q.Query(ctx, `(SELECT id, status, created_at, next_attempt_at FROM sms_outbox
-			WHERE status = 'pending' ORDER BY created_at LIMIT 1)
-		UNION ALL
-		(SELECT id, status, updated_at, CASE WHEN status = 'sending' THEN coalesce(lease_until, next_attempt_at) ELSE next_attempt_at END
-			FROM sms_outbox WHERE status IN ('queued', 'sending') ORDER BY updated_at LIMIT 1)`)
+	rows, _ := q.Query(ctx, oldestRowsSQL)
 	var r OldestRow
 	_, err = pgx.ForEachRow(rows, []any{&r.ID, &r.Status, &r.Since, &r.Due}, func() error {
 		r.Found = true
@@ -544,17 +488,7 @@ type ProviderShare struct {
 // that name no provider, from a sender with one unnamed provider, are not
 // counted), in provider order.
 func ProviderShares(ctx context.Context, q Querier, since time.Time) ([]ProviderShare, error) {
-	rows, _ := q.Query(ctx, `SELECT provider, sum(sent)::bigint, sum(failed)::bigint, sum(moved)::bigint FROM (
-			SELECT provider, count(*) AS sent, 0 AS failed, 0 AS moved
-			FROM sms_outbox
-			WHERE status IN ('sent', 'delivered', 'undelivered') AND updated_at >= $1 AND sent_at >= $1 AND provider IS NOT NULL
-			GROUP BY 1
-			UNION ALL
-			SELECT provider, 0, count(*) FILTER (WHERE outcome NOT IN ('sent', 'lookup')),
-				count(*) FILTER (WHERE outcome = 'retry' AND error LIKE 'not taken, moved to %')
-			FROM sms_attempts WHERE started_at >= $1 AND provider IS NOT NULL
-			GROUP BY 1
-		) per GROUP BY provider ORDER BY provider`, since)
+	rows, _ := q.Query(ctx, providerSharesSQL, since)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProviderShare, error) {
 		var p ProviderShare
 		err := r.Scan(&p.Provider, &p.Sent, &p.Failed, &p.Moved)
@@ -566,3 +500,22 @@ func ProviderShares(ctx context.Context, q Querier, since time.Time) ([]Provider
 	}
 	return out, nil
 }
+
+// The statements of this file (sql.go).
+var (
+	attemptsPerMinuteSQL   = stmt("attempts_per_minute")
+	countByStatusSQL       = stmt("count_by_status")
+	countChangedSQL        = stmt("count_changed")
+	countEndedSQL          = stmt("count_ended")
+	deadByReasonSQL        = stmt("dead_by_reason")
+	findByProviderRefSQL   = stmt("find_by_provider_ref")
+	letterSeqsSQL          = stmt("letter_seqs")
+	maskedRowSQL           = stmt("masked_row")
+	oldestRowsSQL          = stmt("oldest_rows")
+	providerSharesSQL      = stmt("provider_shares")
+	statusStatisticsSQL    = stmt("status_statistics")
+	consoleReplaysSQL      = stmt("console_replays")
+	consoleReplaysOfRowSQL = stmt("console_replays_of_row")
+	deadRowsSQL            = stmt("dead_rows")
+	deadSummarySQL         = stmt("dead_summary")
+)

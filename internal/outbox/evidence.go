@@ -96,8 +96,7 @@ func (r ReceiptResult) SettledUnknown() bool { return r.Applied && r.Prev == Sta
 // receiver's role has no UPDATE on sms_outbox, so that no receiver login
 // can move a row any other way (a delivered row back to pending, a dead
 // row to delivered without a receipt).
-const applyReceiptsSQL = `SELECT receipt, prev_status, moved, refused
-	FROM sendonce_apply_receipts($1::uuid[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::text[], $7::text[])`
+var applyReceiptsSQL = stmt("apply_receipts")
 
 // ApplyReceipts records receipts as evidence of their rows and moves each row
 // as far as its receipt shows, never backwards: a delivery report over any
@@ -227,8 +226,7 @@ func RecordLookup(ctx context.Context, q Querier, id uuid.UUID, e Evidence) erro
 	if r := clean(e.ProviderRef); r != "" {
 		ref = &r
 	}
-	_, err := q.Exec(ctx, `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, detail, source)
-		VALUES ($1, 'lookup', $2, $3, nullif($4, ''), $5)`, id, e.Result, ref, clean(e.Detail), e.Source)
+	_, err := q.Exec(ctx, recordLookupSQL, id, e.Result, ref, clean(e.Detail), e.Source)
 	if err != nil {
 		return fmt.Errorf("outbox: record lookup: %w", err)
 	}
@@ -238,9 +236,7 @@ func RecordLookup(ctx context.Context, q Querier, id uuid.UUID, e Evidence) erro
 // EvidenceOf returns the receipts and lookups recorded for row id, oldest
 // first, their text made fit for an operator's screen (safetext).
 func EvidenceOf(ctx context.Context, q Querier, id uuid.UUID) ([]Evidence, error) {
-	rows, _ := q.Query(ctx, `SELECT kind, result, coalesce(provider_ref, ''), coalesce(code, 0), coalesce(detail, ''),
-			coalesce(reported_at, 'epoch'::timestamptz), received_at, source
-		FROM sms_evidence WHERE outbox_id = $1 ORDER BY id`, id)
+	rows, _ := q.Query(ctx, evidenceOfSQL, id)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Evidence, error) {
 		var e Evidence
 		err := r.Scan(&e.Kind, &e.Result, &e.ProviderRef, &e.Code, &e.Detail, &e.ReportedAt, &e.ReceivedAt, &e.Source)
@@ -290,21 +286,21 @@ func insertLookups(ctx context.Context, tx pgx.Tx, results []Result, again bool)
 	if len(ids) == 0 {
 		return nil
 	}
-	sql := `INSERT INTO sms_evidence (outbox_id, kind, result, provider_ref, detail, received_at, source)
-		SELECT v.id, 'lookup', v.result, v.ref, nullif(v.detail, ''), v.at, v.source
-		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[])
-			AS v(id, result, ref, detail, at, source)
-		JOIN sms_outbox o ON o.id = v.id` // a row lost with a failed-over primary keeps nothing
+	sql := insertLookupsSQL
 	if again {
 		// One index lookup per answer, as for receipts (applyReceiptsSQL).
-		sql += `
-		LEFT JOIN LATERAL (SELECT true AS dup FROM sms_evidence e
-			WHERE e.outbox_id = v.id AND e.kind = 'lookup' AND e.received_at = v.at
-			LIMIT 1) seen ON true
-		WHERE seen.dup IS NULL`
+		sql = insertLookupsAgainSQL
 	}
 	if _, err := tx.Exec(ctx, sql, uuidArray(ids), outcome, refs, details, at, sources); err != nil {
 		return fmt.Errorf("outbox: record lookups: %w", err)
 	}
 	return nil
 }
+
+// The statements of this file (sql.go).
+var (
+	evidenceOfSQL         = stmt("evidence_of")
+	recordLookupSQL       = stmt("record_lookup")
+	insertLookupsSQL      = stmt("insert_lookups")
+	insertLookupsAgainSQL = stmt("insert_lookups_again")
+)

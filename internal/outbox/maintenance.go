@@ -26,7 +26,7 @@ const PurgeFloor = time.Hour
 // to 10000 and age at least PurgeFloor, which the function enforces.
 func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64, error) {
 	var n int64
-	if err := q.QueryRow(ctx, `SELECT sendonce_purge($1::interval, $2)`, age, limit).Scan(&n); err != nil {
+	if err := q.QueryRow(ctx, purgeSQL, age, limit).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: purge: %w", err)
 	}
 	return n, nil
@@ -36,7 +36,7 @@ func Purge(ctx context.Context, q Querier, age time.Duration, limit int) (int64,
 // (their conditions imply its predicate), so their cost does not grow with
 // the table or the backlog. Each is its own statement so that one slow or
 // failing query does not cost the others their value.
-const (
+var (
 	// oldestPendingSQL reads the first entries of each priority (the check
 	// on the column allows 1 to 3) in the pending index, which is ordered
 	// by priority first: a plain min(created_at) over the pending rows
@@ -44,16 +44,10 @@ const (
 	// measurement, as the backlog it measures grows). A row written with a
 	// send time waits from then, not from its insert: of the first 100 of
 	// each lane, the one that has waited longest.
-	oldestPendingSQL = `SELECT extract(epoch FROM now() - min(greatest(oldest.created_at, oldest.send_at)))
-		FROM generate_series(1, 3) AS lane(priority)
-		CROSS JOIN LATERAL (SELECT created_at, send_at FROM sms_outbox
-			WHERE status = 'pending' AND priority = lane.priority
-			ORDER BY created_at LIMIT 100) AS oldest`
-	oldestInFlightSQL = `SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('queued', 'sending')`
-	oldestFinishedSQL = `SELECT extract(epoch FROM now() - min(updated_at)) FROM sms_outbox WHERE status IN ('sent', 'delivered', 'undelivered', 'dead')`
-	oldestUrgentSQL   = `SELECT extract(epoch FROM now() - min(greatest(u.created_at, u.send_at))) FROM
-		(SELECT created_at, send_at FROM sms_outbox WHERE priority = 1 AND status IN ('pending', 'queued', 'sending')
-		 ORDER BY created_at LIMIT 100) u`
+	oldestPendingSQL  = stmt("oldest_pending")
+	oldestInFlightSQL = stmt("oldest_in_flight")
+	oldestFinishedSQL = stmt("oldest_finished")
+	oldestUrgentSQL   = stmt("oldest_urgent")
 )
 
 // OldestPendingAge returns the age of the oldest pending row (0 when none):
@@ -83,7 +77,7 @@ func OldestPurgeableAge(ctx context.Context, q Querier) (time.Duration, error) {
 // pg_stat_activity with the table owner's rights: the relay's role sees no
 // other session's SQL.
 func OldestTransactionAge(ctx context.Context, q Querier) (time.Duration, error) {
-	return age(ctx, q, "oldest transaction", `SELECT extract(epoch FROM now() - sendonce_oldest_transaction())`)
+	return age(ctx, q, "oldest transaction", oldestTransactionSQL)
 }
 
 func age(ctx context.Context, q Querier, what, sql string) (time.Duration, error) {
@@ -100,11 +94,11 @@ func age(ctx context.Context, q Querier, what, sql string) (time.Duration, error
 // countSQL holds, per unfinished status, a count capped by $1 whose
 // condition implies a partial index's predicate.
 var countSQL = map[State]string{
-	StatusPending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'pending' LIMIT $1) AS s`,
-	StatusQueued:  `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'queued' LIMIT $1) AS s`,
-	StatusSending: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'sending' LIMIT $1) AS s`,
+	StatusPending: stmt("count_pending"),
+	StatusQueued:  stmt("count_queued"),
+	StatusSending: stmt("count_sending"),
 	// sms_outbox_scheduled_idx (migration 0030).
-	StatusScheduled: `SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status = 'scheduled' LIMIT $1) AS s`,
+	StatusScheduled: stmt("count_scheduled"),
 }
 
 // CountUpTo counts the rows with status (scheduled, pending, queued or
@@ -132,11 +126,29 @@ func EstimateRows(ctx context.Context, q Querier, status State) (int64, error) {
 	return estimateStatus(ctx, q, status)
 }
 
-// estimateStatus is the planner's estimate of the rows with status, which
-// must be one of the package's constants, never input.
+// estimateSQL holds estimate_status.sql filled with each status, made
+// once at initialization rather than at each call. The status is a
+// literal in the statement, as it always was, not a parameter: the
+// estimate is the planner's for that value.
+var estimateSQL = estimateStatements(ConsoleStatuses)
+
+func estimateStatements(statuses []State) map[State]string {
+	out := make(map[State]string, len(statuses))
+	for _, s := range statuses {
+		out[s] = fill(stmt("estimate_status"), "status", string(s))
+	}
+	return out
+}
+
+// estimateStatus is the planner's estimate of the rows with status, one
+// of ConsoleStatuses.
 func estimateStatus(ctx context.Context, q Querier, status State) (int64, error) {
+	sql, ok := estimateSQL[status]
+	if !ok {
+		return 0, fmt.Errorf("outbox: estimate rows: %q is not a status", status)
+	}
 	var plan string
-	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM sms_outbox WHERE status = '`+string(status)+`'`).Scan(&plan); err != nil {
+	if err := q.QueryRow(ctx, sql).Scan(&plan); err != nil {
 		return 0, fmt.Errorf("outbox: estimate %s rows: %w", status, err)
 	}
 	var out []struct {
@@ -164,10 +176,7 @@ type TableStats struct {
 // Tables returns the statistics of sms_outbox and sms_attempts, read from
 // pg_stat_user_tables (no scan of the tables).
 func Tables(ctx context.Context, q Querier) ([]TableStats, error) {
-	rows, err := q.Query(ctx, `SELECT relname::text, n_live_tup, n_dead_tup, greatest(last_vacuum, last_autovacuum)
-		FROM pg_stat_user_tables
-		WHERE relid IN ('sms_outbox'::regclass, 'sms_attempts'::regclass)
-		ORDER BY relname`)
+	rows, err := q.Query(ctx, tableStatisticsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: table statistics: %w", err)
 	}
@@ -205,3 +214,10 @@ func OldestUrgent(ctx context.Context, q Querier) (time.Duration, error) {
 	}
 	return time.Duration(max(0, *age) * float64(time.Second)), nil
 }
+
+// The statements of this file (sql.go).
+var (
+	oldestTransactionSQL = stmt("oldest_transaction")
+	purgeSQL             = stmt("purge")
+	tableStatisticsSQL   = stmt("table_statistics")
+)

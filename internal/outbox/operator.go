@@ -94,12 +94,11 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 	for _, t := range targets {
 		ids = append(ids, t.ID)
 	}
-	read := `SELECT id, status, publish_gen, coalesce(end_reason, ''), false FROM sms_outbox
-		WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
+	read := replayLockRowsSQL
 	if opts.Audit != nil {
 		// The console's function locks only the dead rows, and skips one
 		// another transaction holds (held) rather than wait for it.
-		read = `SELECT id, status, publish_gen, coalesce(end_reason, ''), held FROM sendonce_replay_rows($1)`
+		read = replayLockRowsConsoleSQL
 	}
 	rows, _ := tx.Query(ctx, read, uuidArray(ids))
 	type cur struct {
@@ -175,12 +174,7 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 			// The move to pending gives the row its attempts back: the
 			// database does it (migration 0026), the relay's role may not
 			// write attempt_count.
-			_, err := tx.Exec(ctx, `UPDATE sms_outbox
-				SET status = 'pending', publish_gen = publish_gen + 1,
-				    next_attempt_at = now(), updated_at = now(), stream_seq = NULL,
-				    claim_id = NULL, lease_until = NULL, end_reason = NULL, letter_seq = NULL,
-				    last_error = 'replayed by operator; before: ' || coalesce(last_error, '')
-				WHERE id = $1 AND status IN ('dead', 'unknown')`, id)
+			_, err := tx.Exec(ctx, replayRowSQL, id)
 			if err != nil {
 				return nil, fmt.Errorf("outbox: replay %s: %w", id, err)
 			}
@@ -194,7 +188,7 @@ func Replay(ctx context.Context, tx pgx.Tx, targets []ReplayTarget, opts ReplayO
 	}
 	if !opts.DryRun {
 		// Wake the relays now rather than at their next poll.
-		if _, err := tx.Exec(ctx, `SELECT pg_notify('sms_outbox', '')`); err != nil {
+		if _, err := tx.Exec(ctx, notifyRelaysSQL); err != nil {
 			return nil, fmt.Errorf("outbox: replay: notify: %w", err)
 		}
 	}
@@ -213,7 +207,7 @@ func consoleReplay(ctx context.Context, tx pgx.Tx, out []ReplayResult, audit *Co
 		}
 	}
 	var replayed []uuid.UUID
-	err := tx.QueryRow(ctx, `SELECT audit_id, audit_at, replayed_rows FROM sendonce_console_replay($1, $2, $3, $4, $5)`,
+	err := tx.QueryRow(ctx, consoleReplaySQL,
 		audit.User, audit.Role, uuidArray(audit.Requested), uuidArray(ids), audit.Remote).Scan(&audit.ID, &audit.At, &replayed)
 	if err != nil {
 		return fmt.Errorf("outbox: console replay: %w", err)
@@ -237,10 +231,7 @@ func consoleReplay(ctx context.Context, tx pgx.Tx, out []ReplayResult, audit *Co
 // provider may have their message (any receipt; a lookup that found it
 // once or more), what the newest such record says, and how many there are.
 func providerMayHave(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[uuid.UUID]string, error) {
-	rows, _ := tx.Query(ctx, `SELECT outbox_id, kind, result, source, received_at, count(*) OVER (PARTITION BY outbox_id)
-		FROM sms_evidence
-		WHERE outbox_id = ANY($1) AND (kind = 'receipt' OR (kind = 'lookup' AND result IN ('found', 'several')))
-		ORDER BY outbox_id, id DESC`, uuidArray(ids))
+	rows, _ := tx.Query(ctx, providerMayHaveSQL, uuidArray(ids))
 	out := map[uuid.UUID]string{}
 	var (
 		id                   uuid.UUID
@@ -330,19 +321,16 @@ func GetRow(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 	var to string
 	var ref, lastErr, reason *string
 	var leaseUntil *time.Time
-	const rest = `attempt_count, max_attempts, publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at,
-		next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq, lookup_pending, lookups, coalesce(provider, ''),
-		send_at, expires_at`
 	dest := []any{&r.Attempts, &r.MaxAttempts, &r.Gen, &r.StreamSeq, &ref, &lastErr, &r.CreatedAt, &r.UpdatedAt,
 		&r.NextAttemptAt, &r.MaybeAccepted, &leaseUntil, &reason, &r.LetterSeq, &r.LookupPending, &r.Lookups, &r.Provider,
 		&r.SendAt, &r.ExpiresAt}
-	err := q.QueryRow(ctx, `SELECT id, status, to_e164, char_length(body), `+rest+` FROM sms_outbox WHERE id = $1`, id).
+	err := q.QueryRow(ctx, getRowSQL, id).
 		Scan(append([]any{&r.ID, &r.Status, &to, &r.BodyChars}, dest...)...)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		// A role without access to the number and the body (the relay's)
 		// still sees everything else.
-		err = q.QueryRow(ctx, `SELECT id, status, `+rest+` FROM sms_outbox WHERE id = $1`, id).
+		err = q.QueryRow(ctx, getRowWithoutContentSQL, id).
 			Scan(append([]any{&r.ID, &r.Status}, dest...)...)
 		to, r.BodyChars = "", -1
 	}
@@ -383,20 +371,7 @@ func (r *Row) setText(ref, lastErr, reason *string) {
 // for an operator's screen (safetext): the attempts log, and the first
 // attempt when it was sent, which only the row describes (FromRow).
 func Attempts(ctx context.Context, q Querier, id uuid.UUID) ([]Attempt, error) {
-	rows, _ := q.Query(ctx, `SELECT outbox_id, attempt, started_at, coalesce(latency_ms, 0), outcome,
-			coalesce(http_status, 0), coalesce(provider_code, 0), coalesce(error, ''), coalesce(sender, ''), coalesce(provider, ''), false, id
-		FROM sms_attempts WHERE outbox_id = $1
-		UNION ALL
-		-- A row of generation 0 accepted on its first attempt with no record
-		-- of that attempt (a 429 before it spent no attempt, and is logged):
-		-- its last event. A replayed or republished row's attempts are all
-		-- logged.
-		SELECT o.id, 1, o.sent_at, 0, 'sent', 0, 0, '', '', coalesce(o.provider, ''), true, 9223372036854775807
-		FROM sms_outbox o
-		WHERE o.id = $1 AND o.sent_at IS NOT NULL AND o.attempt_count = 1 AND o.publish_gen = 0
-		  AND NOT EXISTS (SELECT 1 FROM sms_attempts a
-			WHERE a.outbox_id = o.id AND a.attempt = 1 AND a.outcome NOT IN ('rate_limited', 'lookup'))
-		ORDER BY 12`, id)
+	rows, _ := q.Query(ctx, attemptsOfSQL, id)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
 		var ms float64
@@ -445,28 +420,7 @@ func MaskPhone(e164 string) string { return safetext.MaskPhone(e164) }
 // numbers do not show (a replay right after attempt 1).
 func MiscountedAttempts(ctx context.Context, q Querier, ids []uuid.UUID) (int, error) {
 	var n int
-	err := q.QueryRow(ctx, `
-WITH r AS (
-	SELECT id, attempt_count, publish_gen, sent_at FROM sms_outbox
-	WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
-), log AS (
-	SELECT a.outbox_id, a.attempt, a.outcome NOT IN ('rate_limited', 'lookup') AS spends, a.started_at, a.id,
-	       CASE WHEN a.attempt < lag(a.attempt) OVER w THEN 1 ELSE 0 END AS restart
-	FROM sms_attempts a JOIN r ON r.id = a.outbox_id
-	WINDOW w AS (PARTITION BY a.outbox_id ORDER BY a.started_at, a.id)
-), replays AS (
-	SELECT *, sum(restart) OVER (PARTITION BY outbox_id ORDER BY started_at, id) AS replay FROM log
-), numbers AS (
-	SELECT outbox_id, attempt, bool_or(spends) AS spent
-	FROM (SELECT *, max(replay) OVER (PARTITION BY outbox_id) AS latest FROM replays) x
-	WHERE replay = latest
-	GROUP BY outbox_id, attempt
-)
-SELECT count(*) FROM r
-WHERE EXISTS (SELECT 1 FROM numbers n WHERE n.outbox_id = r.id
-	AND ((n.attempt <= r.attempt_count AND NOT n.spent
-	      AND NOT (n.attempt = 1 AND r.attempt_count = 1 AND r.publish_gen = 0 AND r.sent_at IS NOT NULL))
-	  OR (n.spent AND n.attempt > r.attempt_count)))`, idsOrNull(ids)).Scan(&n)
+	err := q.QueryRow(ctx, miscountedAttemptsSQL, idsOrNull(ids)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: count miscounted attempts: %w", err)
 	}
@@ -480,3 +434,17 @@ func idsOrNull(ids []uuid.UUID) any {
 	}
 	return uuidArray(ids)
 }
+
+// The statements of this file (sql.go).
+var (
+	attemptsOfSQL            = stmt("attempts_of")
+	consoleReplaySQL         = stmt("console_replay")
+	miscountedAttemptsSQL    = stmt("miscounted_attempts")
+	notifyRelaysSQL          = stmt("notify_relays")
+	providerMayHaveSQL       = stmt("provider_may_have")
+	replayLockRowsSQL        = stmt("replay_lock_rows")
+	replayLockRowsConsoleSQL = stmt("replay_lock_rows_console")
+	replayRowSQL             = stmt("replay_row")
+	getRowSQL                = stmt("get_row")
+	getRowWithoutContentSQL  = stmt("get_row_without_content")
+)

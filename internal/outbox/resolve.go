@@ -51,24 +51,11 @@ type UnknownQuery struct {
 // UnknownRows returns the unknown rows q selects, their times judged by the
 // database's clock.
 func UnknownRows(ctx context.Context, db Querier, q UnknownQuery) ([]UnknownRow, error) {
-	cols := `'' AS to_e164, '' AS body`
+	sql := unknownRowsSQL
 	if q.Content {
-		cols = `o.to_e164, o.body`
+		sql = unknownRowsWithContentSQL
 	}
-	rows, _ := db.Query(ctx, `SELECT id, publish_gen, to_e164, body, created_at, first_attempt,
-			updated_at <= now() - $3::interval, first_attempt <= now() - $4::interval, provider
-		FROM (SELECT o.id, o.publish_gen, `+cols+`, o.created_at, o.updated_at, coalesce(o.provider, '') AS provider,
-			coalesce((SELECT CASE WHEN a.attempt = 1 THEN a.started_at END FROM sms_attempts a
-				-- The calls, not a 429 (taken by nobody) or a lookup; nor
-				-- the reconciler's record of a dead attempt, made later.
-				WHERE a.outbox_id = o.id AND a.outcome NOT IN ('rate_limited', 'lookup')
-				  AND a.sender IS DISTINCT FROM 'reconciler'
-				ORDER BY a.started_at, a.id LIMIT 1), o.created_at) AS first_attempt
-			FROM sms_outbox o
-			WHERE o.status = 'unknown' AND ($1::uuid IS NULL OR o.id = $1)
-			ORDER BY o.updated_at
-			LIMIT $2) u
-		ORDER BY updated_at`, nullUUID(q.ID), q.Limit, q.Settle, q.Retention)
+	rows, _ := db.Query(ctx, sql, nullUUID(q.ID), q.Limit, q.Settle, q.Retention)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnknownRow, error) {
 		var u UnknownRow
 		err := r.Scan(&u.ID, &u.Gen, &u.To, &u.Body, &u.CreatedAt, &u.FirstAttempt, &u.Settled, &u.BeyondRetention, &u.Provider)
@@ -109,8 +96,7 @@ func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, gen int32, s Settlemen
 		return false, err
 	}
 	if s.Status == "" {
-		_, err := tx.Exec(ctx, `UPDATE sms_outbox SET last_error = $3, updated_at = clock_timestamp()
-			WHERE id = $1 AND publish_gen = $2 AND status = 'unknown'`, id, gen, clean(s.Lookup.Detail))
+		_, err := tx.Exec(ctx, noteUnsettledSQL, id, gen, clean(s.Lookup.Detail))
 		if err != nil {
 			return false, fmt.Errorf("outbox: settle %s: %w", id, err)
 		}
@@ -121,18 +107,30 @@ func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, gen int32, s Settlemen
 	default:
 		return false, fmt.Errorf("outbox: settle %s: status %q is not sent, delivered, undelivered or dead", id, s.Status)
 	}
-	tag, err := tx.Exec(ctx, `UPDATE sms_outbox
-		SET status = $3,
-		    provider_ref = coalesce(nullif($4, ''), provider_ref),
-		    maybe_accepted = CASE WHEN $3 = 'dead' THEN false ELSE maybe_accepted END,
-		    last_error = CASE WHEN $3 = 'dead' THEN $5 END,
-		    lookup_pending = false,
-		    sent_at = CASE WHEN $3 = 'dead' THEN sent_at ELSE coalesce(sent_at, clock_timestamp()) END,
-		    updated_at = clock_timestamp()
-		WHERE id = $1 AND publish_gen = $2 AND status = 'unknown'`,
+	tag, err := tx.Exec(ctx, settleUnknownSQL,
 		id, gen, string(s.Status), clean(s.ProviderRef), clean(s.Lookup.Detail))
 	if err != nil {
 		return false, fmt.Errorf("outbox: settle %s: %w", id, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
+
+// The statements of this file (sql.go).
+var (
+	noteUnsettledSQL = stmt("note_unsettled")
+	settleUnknownSQL = stmt("settle_unknown")
+)
+
+// unknownRowsSQL reads the unknown rows without their number and body, as
+// the relay's role may; unknownRowsWithContentSQL with them, for a lookup
+// at a provider that keeps no reference.
+var (
+	unknownRowsSQL            = fill(stmt("unknown_rows"), "columns", unknownRowsColumns)
+	unknownRowsWithContentSQL = fill(stmt("unknown_rows"), "columns", unknownRowsContent)
+)
+
+// The fills of unknown_rows.sql's {{columns}}.
+const (
+	unknownRowsColumns = `'' AS to_e164, '' AS body`
+	unknownRowsContent = `o.to_e164, o.body`
+)

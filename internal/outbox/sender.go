@@ -198,85 +198,7 @@ func ClaimForSendTo(ctx context.Context, q Querier, ids []uuid.UUID, from []Deli
 	// table's statistics) and locked in id order; ids with no row come back
 	// as NotFound from the loop below. One join fewer than a join with the
 	// unnested ids: a quarter less planning, which every execution pays.
-	rows, _ := q.Query(ctx, `
-WITH cur AS (
-	SELECT o.id, o.status, o.claim_id,
-	       coalesce(o.lease_until, o.updated_at + $2::interval) AS lease_until, o.next_attempt_at,
-	       o.claim_seq, o.claim_delivery, o.handback_seq, o.handback_delivery,
-	       -- Past its expiry with no attempt that may have been taken: the
-	       -- claim ends it expired rather than sending (I10), unless its
-	       -- delivery says a claim may be lost (below).
-	       o.status IN ('pending', 'queued') AND coalesce(o.expires_at <= clock_timestamp(), false)
-	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS expires_due,
-	       -- The number's entry on the suppression list (one probe of its
-	       -- key), if any: an unmarked row ends suppressed rather than
-	       -- sending (I10); a marked one is claimed, to be settled by
-	       -- evidence and never called.
-	       s.source AS sup_source, s.provider AS sup_provider,
-	       o.status IN ('pending', 'queued') AND s.source IS NOT NULL
-	           AND NOT o.maybe_accepted AND NOT o.lookup_pending AND NOT o.lookup_everywhere AS listed
-	FROM sms_outbox o
-	LEFT JOIN sms_suppressions s ON s.number OPERATOR(pg_catalog.=) o.to_e164
-	WHERE o.id = ANY($1::uuid[])
-	ORDER BY o.id
-	FOR NO KEY UPDATE OF o
-), upd AS (
-	UPDATE sms_outbox o
-	SET status = CASE WHEN expiring THEN 'expired' WHEN suppressing THEN 'suppressed' ELSE 'sending' END,
-	    attempt_count = CASE WHEN mine OR expiring OR suppressing THEN o.attempt_count ELSE o.attempt_count + 1 END,
-	    claim_id = CASE WHEN expiring OR suppressing THEN NULL ELSE $3 END,
-	    lease_until = CASE WHEN expiring OR suppressing THEN NULL ELSE clock_timestamp() + $2::interval END,
-	    last_error = CASE WHEN expiring THEN 'expired before any provider call'
-	                      WHEN suppressing THEN 'suppressed before any provider call: the number is on the suppression list (source '
-	                                            || sup_source || coalesce(' ' || sup_provider, '') || ')'
-	                      ELSE o.last_error END,
-	    updated_at = clock_timestamp(),
-	    maybe_accepted = o.maybe_accepted OR (cur.status = 'sending' AND NOT mine),
-	    claim_seq = CASE WHEN mine THEN o.claim_seq ELSE nullif(cur.seq, 0) END,
-	    claim_delivery = CASE WHEN mine THEN o.claim_delivery ELSE nullif(cur.delivery, 0) END,
-	    -- A row attempted and naming no provider (a failover lost the
-	    -- claim that named it) belongs to the provider its attempts went
-	    -- to; one attempted before rows named a provider, to the first.
-	    provider = CASE WHEN $7 = '' THEN o.provider
-	               WHEN o.provider IS NOT NULL THEN o.provider
-	               WHEN o.attempt_count = 0 THEN coalesce(nullif(cur.pref, ''), nullif($6, ''))
-	               ELSE coalesce((SELECT a.provider FROM sms_attempts a
-	                              WHERE a.outbox_id = o.id AND a.provider IS NOT NULL
-	                                AND a.outcome NOT IN ('lookup', 'rate_limited')
-	                              ORDER BY a.id DESC LIMIT 1), $7) END
-	FROM (SELECT x.*, x.expires_due AND NOT x.unaccounted AS expiring,
-	             -- Expiry first: a row past it and listed ends expired.
-	             x.listed AND NOT x.unaccounted AND NOT (x.expires_due AND NOT x.unaccounted) AS suppressing
-	      FROM (SELECT c.*, c.status = 'sending' AND c.claim_id IS NOT DISTINCT FROM $3 AS mine, d.seq, d.delivery, d.pref,
-	                   -- A redelivery whose previous delivery the row does
-	                   -- not account for (its claim or its hand-back) may
-	                   -- follow a claim a failover lost with its call:
-	                   -- neither expiry nor the list overrides that doubt,
-	                   -- the sender settles it (never by a call).
-	                   d.delivery > 1
-	                   AND NOT (c.claim_seq IS NOT DISTINCT FROM d.seq AND c.claim_delivery IN (d.delivery - 1, d.delivery))
-	                   AND NOT (c.handback_seq IS NOT DISTINCT FROM d.seq AND c.handback_delivery = d.delivery - 1) AS unaccounted
-	            FROM cur c JOIN unnest($1::uuid[], $4::bigint[], $5::int[], $8::text[]) AS d(id, seq, delivery, pref) USING (id)) x) cur
-	WHERE o.id = cur.id
-	  AND (cur.status = 'pending' OR expiring OR suppressing
-	       OR (cur.status = 'queued' AND cur.next_attempt_at <= clock_timestamp() + interval '1 second')
-	       OR (cur.status = 'sending' AND (mine OR cur.lease_until <= clock_timestamp())))
-	RETURNING o.id, o.to_e164, o.body, o.attempt_count, o.max_attempts, o.publish_gen,
-	          -- A scheduled row was published no sooner than its send time:
-	          -- its age, for the broker's memory and the lookups, counts
-	          -- from there.
-	          greatest(o.created_at, o.send_at) AS created_at,
-	          o.maybe_accepted, cur.mine, o.lookup_pending, o.lookups, o.provider, o.lookup_everywhere,
-	          o.status, o.expires_at, cur.sup_source
-)
-SELECT cur.id, cur.status, cur.lease_until, cur.next_attempt_at, upd.id IS NOT NULL, coalesce(upd.mine, false),
-       upd.to_e164, upd.body, upd.attempt_count, upd.max_attempts, upd.publish_gen, upd.created_at,
-       coalesce(upd.maybe_accepted, false), coalesce(upd.lookup_pending, false), coalesce(upd.lookups, 0)::int,
-       clock_timestamp(), coalesce(cur.claim_seq, 0), coalesce(cur.claim_delivery, 0), coalesce(upd.provider, ''),
-       coalesce(upd.lookup_everywhere, false), coalesce(cur.handback_seq, 0), coalesce(cur.handback_delivery, 0),
-       coalesce(upd.status, ''), upd.expires_at, coalesce(upd.sup_source, '')
-FROM cur
-LEFT JOIN upd ON upd.id = cur.id`, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary, each)
+	rows, _ := q.Query(ctx, claimForSendSQL, uuidArray(ids), lease, [16]byte(token), seqs, counts, p.Preferred, p.Primary, each)
 	claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claim, error) {
 		var (
 			c          Claim
@@ -382,23 +304,7 @@ func HandBack(ctx context.Context, q Querier, ids []uuid.UUID, from []Delivery) 
 	for i, d := range from {
 		seqs[i], counts[i] = int64(min(d.Seq, 1<<62)), int32(min(d.Count, 1<<30))
 	}
-	tag, err := q.Exec(ctx, `
-WITH d AS (
-	SELECT DISTINCT ON (id) id, seq, delivery FROM unnest($1::uuid[], $2::bigint[], $3::int[]) AS d(id, seq, delivery)
-	WHERE seq > 0 AND delivery > 0
-	ORDER BY id, delivery DESC
-), cur AS (
-	SELECT o.id FROM sms_outbox o JOIN d USING (id)
-	WHERE o.status IN ('pending', 'queued', 'sending')
-	  AND (d.delivery = 1
-	       OR (o.claim_seq = d.seq AND o.claim_delivery = d.delivery - 1)
-	       OR (o.handback_seq = d.seq AND o.handback_delivery = d.delivery - 1))
-	ORDER BY o.id
-	FOR NO KEY UPDATE OF o
-)
-UPDATE sms_outbox o SET handback_seq = d.seq, handback_delivery = d.delivery
-FROM cur JOIN d USING (id)
-WHERE o.id = cur.id`, uuidArray(ids), seqs, counts)
+	tag, err := q.Exec(ctx, handBackSQL, uuidArray(ids), seqs, counts)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: record hand-backs: %w", err)
 	}
@@ -411,8 +317,7 @@ WHERE o.id = cur.id`, uuidArray(ids), seqs, counts)
 // and before it calls to: so the row always names the one provider that
 // may hold its message, even if the sender dies right after the call.
 func Repin(ctx context.Context, q Querier, id, token uuid.UUID, from, to string) (bool, error) {
-	tag, err := q.Exec(ctx, `UPDATE sms_outbox SET provider = $4
-		WHERE id = $1 AND claim_id = $2 AND status = 'sending' AND provider IS NOT DISTINCT FROM nullif($3, '')`,
+	tag, err := q.Exec(ctx, repinSQL,
 		[16]byte(id), [16]byte(token), from, to)
 	if err != nil {
 		return false, fmt.Errorf("outbox: move a row to provider %s: %w", to, err)
@@ -625,17 +530,7 @@ func requeueUnlisted(ctx context.Context, tx pgx.Tx, results []Result, written m
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, _ := tx.Query(ctx, `
-WITH locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE sms_outbox o
-SET status = 'queued', next_attempt_at = clock_timestamp(), stream_seq = NULL,
-    attempt_count = greatest(o.attempt_count - 1, 0), updated_at = clock_timestamp(),
-    last_error = 'its number left the suppression list before the row was ended: it waits to be sent'
-FROM unnest($1::uuid[], $2::uuid[]) AS v(id, token) JOIN locked USING (id)
-WHERE o.id = v.id AND o.claim_id = v.token AND o.status = 'sending'
-RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`, uuidArray(ids), uuidArray(tokens))
+	rows, _ := tx.Query(ctx, requeueUnlistedSQL, uuidArray(ids), uuidArray(tokens))
 	if err := collectWritten(rows, written); err != nil {
 		return fmt.Errorf("outbox: put back rows whose number left the suppression list: %w", err)
 	}
@@ -657,16 +552,7 @@ func refundMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := tx.Exec(ctx, `
-WITH locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
--- The claim is cleared with it, so that a write run again (its commit's
--- answer was lost) gives nothing back twice; the row is finished, and
--- nothing else reads the claim of a finished row.
-UPDATE sms_outbox o SET attempt_count = greatest(o.attempt_count - 1, 0), claim_id = NULL
-FROM unnest($1::uuid[], $2::uuid[]) AS v(id, token) JOIN locked USING (id)
-WHERE o.id = v.id AND o.claim_id = v.token`, uuidArray(ids), uuidArray(tokens))
+	_, err := tx.Exec(ctx, refundMissedSQL, uuidArray(ids), uuidArray(tokens))
 	if err != nil {
 		return fmt.Errorf("outbox: give back the attempts of missed refunds: %w", err)
 	}
@@ -693,13 +579,7 @@ func countMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[u
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := tx.Exec(ctx, `
-WITH locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE sms_outbox o SET attempt_count = v.attempt
-FROM unnest($1::uuid[], $2::int[], $3::int[]) AS v(id, attempt, gen) JOIN locked USING (id)
-WHERE o.id = v.id AND o.publish_gen = v.gen AND o.attempt_count < v.attempt`, uuidArray(ids), attempts, gens)
+	_, err := tx.Exec(ctx, countMissedSQL, uuidArray(ids), attempts, gens)
 	if err != nil {
 		return fmt.Errorf("outbox: count the attempts of missed writes: %w", err)
 	}
@@ -748,23 +628,7 @@ func markMissed(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 		return nil
 	}
 	// Locked in id order, as every status write is.
-	_, err := tx.Exec(ctx, `
-WITH v AS (
-	SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[], $4::text[], $5::bool[], $6::bool[]) AS v(id, lookup, delay, prov, everywhere, mark)
-), locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE sms_outbox o
-SET maybe_accepted = o.maybe_accepted OR v.mark,
-    lookup_pending = o.lookup_pending OR v.lookup,
-    next_attempt_at = CASE WHEN v.mark AND o.status IN ('pending', 'queued')
-                           THEN greatest(o.next_attempt_at, clock_timestamp() + v.delay * interval '1 second')
-                           ELSE o.next_attempt_at END,
-    provider = coalesce(nullif(v.prov, ''), o.provider),
-    lookup_everywhere = coalesce(v.everywhere, o.lookup_everywhere),
-    updated_at = clock_timestamp()
-FROM v JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending')`, uuidArray(ids), lookups, delays, provs, everyw, marks)
+	_, err := tx.Exec(ctx, markMissedSQL, uuidArray(ids), lookups, delays, provs, everyw, marks)
 	if err != nil {
 		return fmt.Errorf("outbox: mark missed attempts: %w", err)
 	}
@@ -812,72 +676,7 @@ func applyRound(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 	// batch's ids, not a join with the unnest: a join there made Postgres
 	// hash-join two sequential scans of the table); the update then finds
 	// each row by its key.
-	rows, _ := tx.Query(ctx, `
-WITH locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE sms_outbox o
-SET -- dead is a promise that nothing reached the provider: a row an attempt
-    -- may have reached ends unknown, whatever an older sender decided
-    -- (the table refuses dead with maybe_accepted).
-    -- A lookup that found no message for the reference (notacc) clears the
-    -- mark: no earlier attempt reached the provider.
-    -- expired likewise promises that no call was taken, at the expiry by
-    -- the database's clock: a row not yet due by it (a sender whose clock
-    -- runs ahead) or marked meanwhile waits, parked, for the claim after
-    -- its expiry, which settles it (the table refuses the move).
-    status = CASE WHEN v.status = 'dead' AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe) THEN 'unknown'
-                  WHEN (v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) THEN 'queued'
-                  ELSE v.status END,
-    provider_ref = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(nullif(v.ref, ''), o.provider_ref)
-                        ELSE o.provider_ref END,
-    last_error = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN NULL ELSE v.err END,
-    end_reason = CASE WHEN v.status = 'dead' AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe) THEN 'ambiguous'
-                      WHEN v.status IN ('dead', 'unknown') THEN v.reason END,
-    next_attempt_at = CASE WHEN v.status = 'queued'
-                           THEN clock_timestamp() + v.delay * interval '1 second'
-                           WHEN (v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe))
-                           THEN greatest(coalesce(o.expires_at, clock_timestamp()), clock_timestamp())
-                           ELSE o.next_attempt_at END,
-    stream_seq = CASE WHEN (v.status = 'queued' AND v.park) OR (v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) THEN NULL ELSE o.stream_seq END,
-    maybe_accepted = (o.maybe_accepted AND NOT v.notacc) OR v.maybe,
-    -- A refund gives the claim's attempt back: the provider took nothing
-    -- (429), or the claim only looked the message up. The provider's word
-    -- is also written over a row a receipt moved on meanwhile (delivered
-    -- over sent): the claim that counted the attempt (its token is still
-    -- the row's) gives it back, and clears the claim, so that a write run
-    -- again gives nothing back twice (refundMissed does the same).
-    attempt_count = CASE WHEN v.refund AND (o.status = 'sending' OR (o.claim_id = v.token AND v.status IN ('sent', 'delivered', 'undelivered')))
-                         THEN greatest(o.attempt_count - 1, 0) ELSE o.attempt_count END,
-    claim_id = CASE WHEN v.refund AND o.status <> 'sending' AND o.claim_id = v.token AND v.status IN ('sent', 'delivered', 'undelivered')
-                    THEN NULL ELSE o.claim_id END,
-    lookup_pending = (v.status = 'queued' AND v.lookup)
-                     OR ((v.status = 'expired' AND (o.expires_at IS NULL OR o.expires_at > clock_timestamp() OR (o.maybe_accepted AND NOT v.notacc) OR v.maybe)) AND ((o.maybe_accepted AND NOT v.notacc) OR v.maybe)),
-    lookups = CASE WHEN o.status = 'sending' THEN o.lookups + v.failed ELSE o.lookups END,
-    sent_at = CASE WHEN v.status IN ('sent', 'delivered', 'undelivered') THEN coalesce(o.sent_at, clock_timestamp())
-                   ELSE o.sent_at END,
-    provider = coalesce(nullif(v.prov, ''), o.provider),
-    lookup_everywhere = coalesce(v.everywhere, o.lookup_everywhere),
-    updated_at = clock_timestamp()
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::bool[], $8::uuid[], $9::bool[],
-            $10::bool[], $11::bool[], $12::int[], $13::bool[], $14::text[], $15::bool[])
-         AS v(id, status, ref, err, reason, delay, park, token, maybe, refund, lookup, failed, notacc, prov, everywhere)
-     JOIN locked USING (id)
-WHERE o.id = v.id
-  AND CASE -- The provider's own word (an answer, a lookup) is evidence: it is
-           -- written over any unfinished status, over unknown, and (an
-           -- answer that a row's dead contradicts) over dead; a delivery
-           -- report over sent; never over delivered or undelivered.
-           -- (Over expired, cancelled and suppressed too: a failover can lose the
-           -- writes that showed an attempt, and the row then ended as if
-           -- none had been made.)
-           WHEN v.status = 'sent' THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled', 'suppressed')
-           WHEN v.status IN ('delivered', 'undelivered') THEN o.status IN ('pending', 'queued', 'sending', 'unknown', 'sent', 'expired', 'cancelled', 'suppressed')
-           ELSE o.claim_id = v.token AND o.status IN ('sending', v.status, CASE WHEN v.status = 'dead' THEN 'unknown' END) END
-  -- Suppressed only while the number is on the list (the trigger's rule):
-  -- one an operator removed since the claim is put back (requeueUnlisted).
-  AND (v.status <> 'suppressed' OR EXISTS (SELECT 1 FROM sms_suppressions s WHERE s.number OPERATOR(pg_catalog.=) o.to_e164))
-RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`,
+	rows, _ := tx.Query(ctx, applyResultsSQL,
 		uuidArray(ids), statuses, refs, errs, reasons, delays, parks, uuidArray(tokens), maybes, refunds, lookups, failed, notacc, provs, everyw)
 	if err := collectWritten(rows, written); err != nil {
 		return fmt.Errorf("outbox: write results: %w", err)
@@ -930,28 +729,9 @@ func applySends(ctx context.Context, tx pgx.Tx, results []Result, written map[uu
 
 // applySendsSQL writes plain sends; applySendsNamedSQL also names each
 // row's provider (SMS_PROVIDERS): the provider that answered is the row's.
-const (
-	applySendsSQL = `
-WITH locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE sms_outbox o
-SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref), last_error = NULL, end_reason = NULL,
-    lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp()
-FROM unnest($1::uuid[], $2::text[]) AS v(id, ref) JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled', 'suppressed')
-RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
-	applySendsNamedSQL = `
-WITH locked AS (
-	SELECT id FROM sms_outbox WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE sms_outbox o
-SET status = 'sent', provider_ref = coalesce(nullif(v.ref, ''), o.provider_ref), last_error = NULL, end_reason = NULL,
-    lookup_pending = false, sent_at = coalesce(o.sent_at, clock_timestamp()), updated_at = clock_timestamp(),
-    provider = coalesce(nullif(v.prov, ''), o.provider)
-FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, ref, prov) JOIN locked USING (id)
-WHERE o.id = v.id AND o.status IN ('pending', 'queued', 'sending', 'unknown', 'dead', 'expired', 'cancelled', 'suppressed')
-RETURNING o.id, o.publish_gen, o.attempt_count, coalesce(o.end_reason, '')`
+var (
+	applySendsSQL      = stmt("apply_sends")
+	applySendsNamedSQL = stmt("apply_sends_named")
 )
 
 // collectWritten reads a status write's RETURNING (id, publish_gen,
@@ -998,9 +778,7 @@ func MarkLettered(ctx context.Context, q Querier, ls []Lettered) error {
 	for i, l := range ls {
 		ids[i], gens[i], seqs[i] = l.ID, l.Gen, int64(min(l.Seq, 1<<62))
 	}
-	_, err := q.Exec(ctx, `UPDATE sms_outbox o SET letter_seq = v.seq
-		FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS v(id, gen, seq)
-		WHERE o.id = v.id AND o.publish_gen = v.gen AND o.status IN ('dead', 'unknown') AND o.letter_seq IS NULL`,
+	_, err := q.Exec(ctx, markLetteredSQL,
 		uuidArray(ids), gens, seqs)
 	if err != nil {
 		return fmt.Errorf("outbox: mark dead letters stored: %w", err)
@@ -1024,14 +802,7 @@ type Unlettered struct {
 // finished them normally stores the letter within milliseconds), skipping
 // rows another reconciler holds.
 func ClaimUnlettered(ctx context.Context, tx pgx.Tx, olderThan time.Duration, limit int) ([]Unlettered, error) {
-	rows, _ := tx.Query(ctx, `SELECT o.id, o.publish_gen, o.status, coalesce(o.end_reason, ''), coalesce(o.last_error, ''),
-			o.attempt_count,
-			coalesce((SELECT a.provider_code FROM sms_attempts a WHERE a.outbox_id = o.id ORDER BY a.id DESC LIMIT 1), 0)
-		FROM sms_outbox o
-		WHERE o.status IN ('dead', 'unknown') AND o.letter_seq IS NULL AND o.updated_at < now() - $1::interval
-		ORDER BY o.updated_at
-		LIMIT $2
-		FOR NO KEY UPDATE OF o SKIP LOCKED`, olderThan, limit)
+	rows, _ := tx.Query(ctx, claimUnletteredSQL, olderThan, limit)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unlettered, error) {
 		var u Unlettered
 		err := r.Scan(&u.ID, &u.Gen, &u.Status, &u.Reason, &u.Error, &u.Attempts, &u.ProviderCode)
@@ -1099,21 +870,11 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 			provs[i] = &p
 		}
 	}
-	sql := `INSERT INTO sms_attempts
-		(outbox_id, attempt, started_at, latency_ms, outcome, http_status, provider_code, error, sender, provider)
-		SELECT v.* FROM unnest($1::uuid[], $2::int[], $3::timestamptz[], $4::float8[], $5::text[],
-		                       $6::int[], $7::int[], $8::text[], $9::text[], $10::text[]) AS v(outbox_id, attempt, started_at)
-		-- A row that is gone keeps no record: its insert was lost with a
-		-- failed-over primary, while a sender held its outcome.
-		JOIN sms_outbox o ON o.id = v.outbox_id`
+	sql := insertAttemptsSQL
 	if again {
 		// One index lookup per record, as for receipts (sendonce_apply_receipts):
 		// NOT EXISTS may be planned as a scan of the whole log.
-		sql += `
-		LEFT JOIN LATERAL (SELECT true AS dup FROM sms_attempts a
-			WHERE a.outbox_id = v.outbox_id AND a.attempt = v.attempt AND a.started_at = v.started_at
-			LIMIT 1) seen ON true
-		WHERE seen.dup IS NULL`
+		sql = insertAttemptsAgainSQL
 	}
 	_, err := tx.Exec(ctx, sql, uuidArray(ids), numbers, started, latency, outcomes, statuses, codes, errs, senders, provs)
 	if err != nil {
@@ -1121,3 +882,19 @@ func insertAttempts(ctx context.Context, tx pgx.Tx, attempts []Attempt, again bo
 	}
 	return nil
 }
+
+// The statements of this file (sql.go).
+var (
+	applyResultsSQL        = stmt("apply_results")
+	claimForSendSQL        = stmt("claim_for_send")
+	claimUnletteredSQL     = stmt("claim_unlettered")
+	countMissedSQL         = stmt("count_missed")
+	handBackSQL            = stmt("hand_back")
+	markLetteredSQL        = stmt("mark_lettered")
+	markMissedSQL          = stmt("mark_missed")
+	refundMissedSQL        = stmt("refund_missed")
+	repinSQL               = stmt("repin")
+	requeueUnlistedSQL     = stmt("requeue_unlisted")
+	insertAttemptsSQL      = stmt("insert_attempts")
+	insertAttemptsAgainSQL = stmt("insert_attempts_again")
+)

@@ -6,8 +6,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sendonce/sendonce/internal/testing/pgtest"
 )
@@ -20,6 +22,46 @@ import (
 var templateFills = map[string]func(template string) []string{
 	"promote_due": func(t string) []string { return []string{fill(t, "due", dueScheduledSQL)} },
 	"expire_due":  func(t string) []string { return []string{fill(t, "due", dueExpiringSQL)} },
+	"unknown_rows": func(t string) []string {
+		return []string{fill(t, "columns", unknownRowsColumns), fill(t, "columns", unknownRowsContent)}
+	},
+	"estimate_status": func(t string) []string {
+		var out []string
+		for _, s := range ConsoleStatuses {
+			out = append(out, fill(t, "status", string(s)))
+		}
+		return out
+	},
+	"dead_rows":    deadFilterFills,
+	"dead_summary": deadFilterFills,
+}
+
+// deadFilterFills fills a template of the console's dead rows as
+// DeadFilter.statement does, with no condition set and with every one.
+func deadFilterFills(t string) []string {
+	code := 21610
+	none, _ := DeadFilter{}.statement(t, 50)
+	all, _ := DeadFilter{Reason: "permanent", Since: time.Now().Add(-time.Hour), Until: time.Now(), ProviderCode: &code}.statement(t, 50)
+	return []string{none, all}
+}
+
+// sameColumns lists pairs of statements whose results the code reads into
+// the same variables, so that they must return columns of the same types,
+// but for the columns of a at the indexes drop (which b leaves out): a
+// column added to one and not the other fails here rather than in a Scan.
+var sameColumns = []struct {
+	a, b string
+	drop []int
+}{
+	{"get_row", "get_row_without_content", []int{2, 3}},
+	{"replay_lock_rows", "replay_lock_rows_console", nil},
+	{"console_replays", "console_replays_of_row", nil},
+	{"apply_sends", "apply_sends_named", nil},
+	{"apply_sends", "apply_results", nil},
+	{"apply_sends", "requeue_unlisted", nil},
+	{"count_pending", "count_scheduled", nil},
+	{"count_pending", "count_queued", nil},
+	{"count_pending", "count_sending", nil},
 }
 
 // Every statement of the package's sql/ directory prepares on the
@@ -66,6 +108,7 @@ func TestEveryStatementPrepares(t *testing.T) {
 	}
 	slices.Sort(names)
 	prepared := 0
+	fields := map[string][]pgconn.FieldDescription{}
 	for _, name := range names {
 		variants := []string{statements[name]}
 		if strings.Contains(statements[name], "{{") {
@@ -82,12 +125,39 @@ func TestEveryStatementPrepares(t *testing.T) {
 				continue
 			}
 			// The unnamed statement: Parse and Describe, nothing run.
-			if _, err := conn.PgConn().Prepare(ctx, "", sql, nil); err != nil {
+			sd, err := conn.PgConn().Prepare(ctx, "", sql, nil)
+			if err != nil {
 				t.Errorf("sql/%s.sql, fill %d, does not prepare: %v", name, i, err)
 				continue
+			}
+			if i == 0 {
+				fields[name] = sd.Fields
 			}
 			prepared++
 		}
 	}
+	for _, p := range sameColumns {
+		a, b := columns(fields[p.a]), columns(fields[p.b])
+		if len(a) == 0 && len(b) == 0 {
+			t.Errorf("%s and %s: neither returns a column (or prepares)", p.a, p.b)
+		}
+		for _, i := range slices.Backward(p.drop) {
+			if i < len(a) {
+				a = slices.Delete(a, i, i+1)
+			}
+		}
+		if !slices.Equal(a, b) {
+			t.Errorf("%s returns %v, %s returns %v", p.a, a, p.b, b)
+		}
+	}
 	t.Logf("prepared %d statements from %d files", prepared, len(files))
+}
+
+// columns gives the types' OIDs of a statement's result columns.
+func columns(fs []pgconn.FieldDescription) []uint32 {
+	out := make([]uint32, len(fs))
+	for i, f := range fs {
+		out[i] = f.DataTypeOID
+	}
+	return out
 }

@@ -1,0 +1,1 @@
+SELECT status, count(*) FROM sms_outbox GROUP BY status

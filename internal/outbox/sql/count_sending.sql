@@ -1,0 +1,1 @@
+SELECT count(*) FROM (SELECT 1 FROM sms_outbox WHERE status IN ('queued', 'sending') AND status = 'sending' LIMIT $1) AS s

@@ -1,0 +1,7 @@
+-- get_row.sql without the number and the body, for a role that may not
+-- read them (the relay's): the same columns after those two.
+SELECT id, status,
+	attempt_count, max_attempts, publish_gen, stream_seq, provider_ref, last_error, created_at, updated_at,
+	next_attempt_at, maybe_accepted, lease_until, end_reason, letter_seq, lookup_pending, lookups, coalesce(provider, ''),
+	send_at, expires_at
+FROM sms_outbox WHERE id = $1

@@ -1,0 +1,1 @@
+SELECT extract(epoch FROM now() - sendonce_oldest_transaction())

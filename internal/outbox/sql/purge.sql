@@ -1,0 +1,1 @@
+SELECT sendonce_purge($1::interval, $2)
