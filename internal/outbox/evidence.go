@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -255,6 +256,24 @@ func EvidenceOf(ctx context.Context, q Querier, id uuid.UUID) ([]Evidence, error
 	return out, nil
 }
 
+// Traceparent returns the W3C Trace Context row id was enqueued in, ""
+// when it was enqueued in none, ErrNotFound when there is no such row:
+// the receiver links a receipt's span to its message's trace with it.
+func Traceparent(ctx context.Context, q Querier, id uuid.UUID) (string, error) {
+	var tp *string
+	err := q.QueryRow(ctx, traceparentSQL, id).Scan(&tp)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("outbox: read a row's traceparent: %w", err)
+	}
+	if tp == nil {
+		return "", nil
+	}
+	return *tp, nil
+}
+
 // insertLookups records the lookups of a batch of results as evidence. again
 // says the batch may have been committed before: a record already there
 // (same row, same time) is not added twice.
@@ -303,4 +322,5 @@ var (
 	recordLookupSQL       = stmt("record_lookup")
 	insertLookupsSQL      = stmt("insert_lookups")
 	insertLookupsAgainSQL = stmt("insert_lookups_again")
+	traceparentSQL        = stmt("traceparent")
 )

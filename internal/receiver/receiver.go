@@ -653,11 +653,11 @@ func (rv *Receiver) Serve(ctx context.Context, ln net.Listener, shutdown time.Du
 func (rv *Receiver) traceReceipt(r *http.Request, rc outbox.Receipt, result string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), rv.cfg.DBTimeout)
 	defer cancel()
-	var tp *string
-	if err := rv.cfg.Pool.QueryRow(ctx, `SELECT traceparent FROM sms_outbox WHERE id = $1`, rc.ID).Scan(&tp); err != nil || tp == nil {
+	tp, err := outbox.Traceparent(ctx, rv.cfg.Pool, rc.ID)
+	if err != nil || tp == "" {
 		return
 	}
-	msg, ok := tracing.Parse(*tp)
+	msg, ok := tracing.Parse(tp)
 	if !ok {
 		return
 	}

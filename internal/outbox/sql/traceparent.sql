@@ -1,0 +1,1 @@
+SELECT traceparent FROM sms_outbox WHERE id = $1
