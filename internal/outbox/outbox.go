@@ -1,7 +1,8 @@
 // Package outbox holds every SQL statement on the sms_outbox table except
 // the applications' own (the public package github.com/sendonce/sendonce/outbox
 // writes and reads messages): the relay's claim and mark, the senders' claim
-// and status writes, the reconciler's and the operators' statements.
+// and status writes, the reconciler's and the operators' statements. Each
+// statement is a file of sql/, loaded once at initialization (sql.go).
 //
 // Statuses move forward only (I3): pending -> queued -> sending -> sent, dead
 // or unknown; a retry moves sending back to queued, which is not a regression

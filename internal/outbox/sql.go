@@ -29,10 +29,12 @@ import (
 // fails for a file no statement loads: a renamed column fails a test, not
 // a production call.
 //
-// The only SQL left in Go strings is the console's optional conditions
-// (DeadFilter.where), fragments that fill the {{where}} of dead_rows.sql
-// and dead_summary.sql with parameter numbers that depend on which are
-// set; the test prepares the templates filled by that very code.
+// The only SQL left in Go strings is fragments that fill templates: the
+// console's optional conditions (DeadFilter.statement), which fill the
+// {{where}} of dead_rows.sql and dead_summary.sql with parameter numbers
+// that depend on which are set, and unknown_rows.sql's two column lists
+// (unknownRowsColumns, unknownRowsContent). The test prepares the
+// templates filled by that very code.
 
 //go:embed sql/*.sql
 var sqlFiles embed.FS
