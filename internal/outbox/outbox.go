@@ -13,7 +13,6 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -45,10 +44,6 @@ const (
 	StatusSuppressed  = outbox.StatusSuppressed
 )
 
-// ErrNotFound is returned for an id that has no row; it is the public
-// package's, so that callers match one error whichever package read the row.
-var ErrNotFound = outbox.ErrNotFound
-
 // Unsent returns the status and dead-letter reason of a row that will not be
 // sent for reason (its attempts ran out, or the provider refused it). dead
 // tells the application the user got nothing, which is only known when no
@@ -72,15 +67,6 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
-
-// ErrUnparsableDSN is a connection string that does not parse. It never
-// holds the string: "password = s3cret" (spaces around "=") or a URL
-// password with an unescaped "@" would reach the message whole.
-var ErrUnparsableDSN = errors.New("cannot parse the connection string (left out: it may hold a password)")
-
-// ErrSessionSetting is a connection string that sets plan_cache_mode, a
-// session setting, for a transaction pooler, which keeps none.
-var ErrSessionSetting = errors.New("the connection string sets plan_cache_mode, a session setting, which a transaction pooler does not keep: leave it out (every statement is planned for its parameters there)")
 
 // Pooler names what stands between the processes and Postgres
 // (DATABASE_POOLER).
