@@ -16,12 +16,10 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"time"
 
@@ -190,19 +188,9 @@ func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writ
 		return err
 	}
 	tel.SetReady(rv.Ready)
-	ln, err := net.Listen("tcp", c.addr)
+	ln, scheme, err := service.Listen(c.addr, c.tlsCert, c.tlsKey, "RECEIPTS")
 	if err != nil {
-		return fmt.Errorf("RECEIPTS_ADDR: %w", err)
-	}
-	scheme := "http"
-	if c.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("RECEIPTS_TLS_CERT/RECEIPTS_TLS_KEY: %w", err)
-		}
-		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-		scheme = "https"
+		return err
 	}
 	log.Info("receiver started", "addr", ln.Addr().String(), "generic", len(secrets) > 0, "twilio", c.twilioToken != "", "vonage", c.vonageSecret != "", "sinch", c.sinchSecret != "", "telnyx", c.telnyxKey != "",
 		"default_provider", rv.DefaultProvider(),

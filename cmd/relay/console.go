@@ -3,12 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -164,19 +162,9 @@ func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, 
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", c.addr)
+	ln, scheme, err := service.Listen(c.addr, c.tlsCert, c.tlsKey, "CONSOLE")
 	if err != nil {
-		return fmt.Errorf("CONSOLE_ADDR: %w", err)
-	}
-	scheme := "http"
-	if c.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("CONSOLE_TLS_CERT/CONSOLE_TLS_KEY: %w", err)
-		}
-		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-		scheme = "https"
+		return err
 	}
 	log.Info("console started", "addr", ln.Addr().String(), "users", len(c.users), "tls", c.tlsCert != "")
 	if c.tlsCert == "" && !service.LoopbackListen(c.addr) {
