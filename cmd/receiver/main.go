@@ -138,18 +138,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return code
 	}
 	log := root.With("component", "receiver")
-	tr, stopTracing, err := service.StartTracing(ctx, "sendonce-receiver", getenv, log)
-	if err != nil {
-		log.Error("receiver failed", "err", err)
-		return 1
-	}
-	defer stopTracing()
-	c.tracing = tr
-	if err := serve(ctx, c, root, log, stdout); err != nil {
-		log.Error("receiver failed", "err", err)
-		return 1
-	}
-	return 0
+	return service.RunTraced(ctx, "sendonce-receiver", "receiver", getenv, log, func(tr *tracing.Tracing) error {
+		c.tracing = tr
+		return serve(ctx, c, root, log, stdout)
+	})
 }
 
 func serve(ctx context.Context, c config, root, log *slog.Logger, stdout io.Writer) error {

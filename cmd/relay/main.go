@@ -139,18 +139,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// The packages name their own component (relay, reconciler, retention)
 	// on root; this logger is for the command's own lines.
 	log := root.With("component", "relay")
-	tr, stopTracing, err := service.StartTracing(ctx, "sendonce-relay", getenv, log)
-	if err != nil {
-		log.Error("relay failed", "err", err)
-		return 1
-	}
-	defer stopTracing()
-	c.tracing = tr
-	if err := runRelay(ctx, c, root, log); err != nil {
-		log.Error("relay failed", "err", err)
-		return 1
-	}
-	return 0
+	return service.RunTraced(ctx, "sendonce-relay", "relay", getenv, log, func(tr *tracing.Tracing) error {
+		c.tracing = tr
+		return runRelay(ctx, c, root, log)
+	})
 }
 
 // runMigrate is "relay migrate": it needs only the database.

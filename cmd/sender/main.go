@@ -165,18 +165,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	c.idempotentSet = getenv("SMS_API_IDEMPOTENT") != "" || slices.ContainsFunc(args[1:], func(a string) bool {
 		return strings.HasPrefix(strings.TrimLeft(a, "-"), "sms-api-idempotent")
 	})
-	tr, stopTracing, err := service.StartTracing(ctx, "sendonce-sender", getenv, log)
-	if err != nil {
-		log.Error("sender failed", "err", err)
-		return 1
-	}
-	defer stopTracing()
-	c.tracing = tr
-	if err := runSender(ctx, c, root, log); err != nil {
-		log.Error("sender failed", "err", err)
-		return 1
-	}
-	return 0
+	return service.RunTraced(ctx, "sendonce-sender", "sender", getenv, log, func(tr *tracing.Tracing) error {
+		c.tracing = tr
+		return runSender(ctx, c, root, log)
+	})
 }
 
 // root goes to the packages, which name their component on it; log is

@@ -412,3 +412,22 @@ func StartTracing(ctx context.Context, name string, getenv func(string) string, 
 		}
 	}, nil
 }
+
+// RunTraced is a command's run with the process's traces: it starts them
+// (StartTracing, as name), hands them to run, and flushes and stops them
+// once run has returned. A failure to start them, or run's error, is logged
+// as "<what> failed" and makes the exit code 1; the line is logged before
+// the flush, which may wait for an OTLP endpoint that is away.
+func RunTraced(ctx context.Context, name, what string, getenv func(string) string, log *slog.Logger, run func(*tracing.Tracing) error) int {
+	tr, stop, err := StartTracing(ctx, name, getenv, log)
+	if err != nil {
+		log.Error(what+" failed", "err", err)
+		return 1
+	}
+	defer stop()
+	if err := run(tr); err != nil {
+		log.Error(what+" failed", "err", err)
+		return 1
+	}
+	return 0
+}
