@@ -1,7 +1,6 @@
 package provider
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -227,20 +226,6 @@ func (c *Client) WrapTransport(wrap func(http.RoundTripper) http.RoundTripper) {
 	c.http.Transport = wrap(c.http.Transport)
 }
 
-// newAdapter is New for a provider's own API, which honours no key of ours
-// and documents no 503 as taking nothing: only a request that never had a
-// connection, or a status the adapter lists as refused, is certainly not
-// taken there.
-func newAdapter(cfg Config) (*Client, error) {
-	cfg.Idempotent = false
-	c, err := New(cfg)
-	if err != nil {
-		return nil, err
-	}
-	c.unavailableTakesNothing = false
-	return c, nil
-}
-
 // Idempotent reports whether the provider honours idempotency keys.
 func (c *Client) Idempotent() bool { return c.cfg.Idempotent }
 
@@ -328,18 +313,12 @@ func (c *Client) genericRequest(ctx context.Context, m Message, _ time.Time) (*h
 		ExpiresAt   string `json:"expires_at,omitempty"`
 	}{To: m.To, Body: m.Body, Reference: m.Key, ExpiresAt: genericExpiresAt(m.ExpiresAt)}
 	if c.cfg.ReceiptsURL != "" {
-		req.CallbackURL = strings.TrimRight(c.cfg.ReceiptsURL, "/") + "/v1/receipts/generic"
+		req.CallbackURL = receiptsAt(c.cfg.ReceiptsURL, "/v1/receipts/generic")
 	}
-	body, err := json.Marshal(req)
+	hreq, err := c.postJSON(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "application/json")
 	hreq.Header.Set("Idempotency-Key", m.Key)
 	return hreq, nil
 }

@@ -177,10 +177,7 @@ func (c *Settings) check() error {
 	}
 	has := func(k string) bool { return slices.Contains(names, k) }
 	// Every rule is checked: a start-up names all that is wrong at once.
-	rules := []struct {
-		bad bool
-		err error
-	}{
+	rules := []rule{
 		{has("generic") && c.BaseURL == "", errors.New("-sms-api-base / SMS_API_BASE is required")},
 		{has("twilio") && c.TwilioSID == "", fmt.Errorf("-twilio-account-sid / TWILIO_ACCOUNT_SID is required with %s", with("twilio"))},
 		{has("twilio") && c.TwilioToken == "", fmt.Errorf("TWILIO_AUTH_TOKEN is required with %s", with("twilio"))},
@@ -193,14 +190,14 @@ func (c *Settings) check() error {
 		{has("sinch") && c.SinchToken == "", fmt.Errorf("SINCH_API_TOKEN is required with %s", with("sinch"))},
 		{has("sinch") && c.SinchFrom == "", fmt.Errorf("-sinch-from / SINCH_FROM is required with %s", with("sinch"))},
 		{has("sinch") && c.Lookup && c.LookupRetention > SinchListRetention, fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) cannot exceed 14 days with %s and SMS_API_LOOKUP=true: Sinch lists the batches of the last 14 days only", c.LookupRetention, with("sinch"))},
-		{strings.HasPrefix(strings.ToLower(c.SinchBaseURL), "http://") && !c.AllowInsecure, errors.New("-sinch-api-base / SINCH_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
+		c.httpsBase(c.SinchBaseURL, "sinch-api-base", "SINCH_API_BASE"),
 		{has("telnyx") && c.TelnyxKey == "", fmt.Errorf("TELNYX_API_KEY is required with %s", with("telnyx"))},
 		{has("telnyx") && c.TelnyxFrom == "" && c.TelnyxProfile == "", fmt.Errorf("-telnyx-from / TELNYX_FROM (or TELNYX_MESSAGING_PROFILE_ID) is required with %s", with("telnyx"))},
 		{has("telnyx") && c.Lookup, fmt.Errorf("-sms-api-lookup / SMS_API_LOOKUP=true cannot be used with %s: Telnyx offers no lookup by our reference, so an attempt whose answer was lost ends unknown unless a receipt arrives (docs/providers.md)", with("telnyx"))},
-		{strings.HasPrefix(strings.ToLower(c.TelnyxBaseURL), "http://") && !c.AllowInsecure, errors.New("-telnyx-api-base / TELNYX_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
-		{strings.HasPrefix(strings.ToLower(c.VonageBaseURL), "http://") && !c.AllowInsecure, errors.New("-vonage-api-base / VONAGE_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
-		{strings.HasPrefix(strings.ToLower(c.BaseURL), "http://") && !c.AllowInsecure, errors.New("-sms-api-base / SMS_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
-		{strings.HasPrefix(strings.ToLower(c.TwilioBaseURL), "http://") && !c.AllowInsecure, errors.New("-twilio-api-base / TWILIO_API_BASE must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)")},
+		c.httpsBase(c.TelnyxBaseURL, "telnyx-api-base", "TELNYX_API_BASE"),
+		c.httpsBase(c.VonageBaseURL, "vonage-api-base", "VONAGE_API_BASE"),
+		c.httpsBase(c.BaseURL, "sms-api-base", "SMS_API_BASE"),
+		c.httpsBase(c.TwilioBaseURL, "twilio-api-base", "TWILIO_API_BASE"),
 		{c.LookupRetention <= c.LookupSettle, fmt.Errorf("-sms-api-lookup-retention / SMS_API_LOOKUP_RETENTION (%s) must be longer than SMS_API_LOOKUP_SETTLE (%s): a lookup after the settle time must still see the message", c.LookupRetention, c.LookupSettle)},
 	}
 	var errs []error
@@ -214,6 +211,14 @@ func (c *Settings) check() error {
 	}
 	errs = append(errs, ReceiptsURLCheck(c.ReceiptsURL, c.ReceiptsAllowInsecure))
 	return errors.Join(errs...)
+}
+
+// httpsBase is the rule that a provider's base URL, the setting flag / env,
+// is https:// unless SMS_API_ALLOW_INSECURE: the credentials and the
+// messages would otherwise cross the network in clear.
+func (c *Settings) httpsBase(base, flag, env string) rule {
+	return rule{strings.HasPrefix(strings.ToLower(base), "http://") && !c.AllowInsecure,
+		fmt.Errorf("-%s / %s must be https:// (set SMS_API_ALLOW_INSECURE=true for a local stub)", flag, env)}
 }
 
 // LooksUp reports whether an attempt without an answer is settled by a
@@ -328,15 +333,10 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 		})
 	}
 	if err != nil {
-		switch kind {
-		case "twilio":
-			return nil, fmt.Errorf("TWILIO_API_BASE / SMS_API_BASE: %w", err)
-		case "vonage":
-			return nil, fmt.Errorf("VONAGE_API_BASE / SMS_API_BASE: %w", err)
-		case "sinch":
-			return nil, fmt.Errorf("SINCH_API_BASE / SMS_API_BASE: %w", err)
-		case "telnyx":
-			return nil, fmt.Errorf("TELNYX_API_BASE / SMS_API_BASE: %w", err)
+		// An adapter's own base URL setting, or SMS_API_BASE in its stead,
+		// is what its errors name; the generic API has SMS_API_BASE alone.
+		if kind != "generic" && slices.Contains(Kinds, kind) {
+			return nil, fmt.Errorf("%s_API_BASE / SMS_API_BASE: %w", strings.ToUpper(kind), err)
 		}
 		return nil, fmt.Errorf("SMS_API_BASE: %w", err)
 	}

@@ -1,11 +1,9 @@
 package provider
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -105,42 +103,25 @@ const SinchReceiptsPath = "/v1/receipts/sinch"
 // Sinch's error codes are words, not numbers: an Outcome's Code is 0, and
 // its Reason is "<code>: <text>"; SMS_PERMANENT_CODES cannot name them.
 func NewSinch(cfg SinchConfig) (*Client, error) {
-	switch {
-	case cfg.ServicePlanID == "":
-		return nil, errors.New("provider: sinch ServicePlanID is required")
-	case cfg.APIToken == "":
-		return nil, errors.New("provider: sinch APIToken is required")
-	case cfg.From == "":
-		return nil, errors.New("provider: sinch From is required")
-	case strings.ContainsAny(cfg.ServicePlanID, "/?#%"):
-		return nil, errors.New("provider: sinch ServicePlanID is malformed")
-	case cfg.LookupPageSize < 0 || cfg.LookupPageSize > 100:
-		return nil, errors.New("provider: sinch LookupPageSize must be 1 to 100")
-	case cfg.LookupPages < 0:
-		return nil, errors.New("provider: sinch LookupPages must be positive")
-	}
-	cfg.LookupPageSize = cmp.Or(cfg.LookupPageSize, 100)
-	cfg.LookupPages = cmp.Or(cfg.LookupPages, DefaultSinchLookupPages)
-	c, err := newAdapter(Config{
-		BaseURL:        cmp.Or(cfg.BaseURL, "https://us.sms.api.sinch.com"),
-		Timeout:        cfg.Timeout,
-		ConnectTimeout: cfg.ConnectTimeout,
-		PermanentCodes: cfg.PermanentCodes,
-		MaxConns:       cfg.MaxConns,
-		MaxRetryAfter:  cfg.MaxRetryAfter,
-		Transport:      cfg.Transport,
-		ReceiptsURL:    cfg.ReceiptsURL,
-	})
+	a := adapter{name: "sinch", base: "https://us.sms.api.sinch.com", path: "/xms/v1/" + url.PathEscape(cfg.ServicePlanID) + "/batches"}
+	c, err := a.newClient(Config{BaseURL: cfg.BaseURL, ReceiptsURL: cfg.ReceiptsURL, Timeout: cfg.Timeout, ConnectTimeout: cfg.ConnectTimeout,
+		PermanentCodes: cfg.PermanentCodes, MaxConns: cfg.MaxConns, MaxRetryAfter: cfg.MaxRetryAfter, Transport: cfg.Transport},
+		a.required("ServicePlanID", cfg.ServicePlanID),
+		a.required("APIToken", cfg.APIToken),
+		a.required("From", cfg.From),
+		a.invalid(strings.ContainsAny(cfg.ServicePlanID, "/?#%"), "ServicePlanID is malformed"),
+		a.pageSize(cfg.LookupPageSize, 100),
+		a.pages(cfg.LookupPages))
 	if err != nil {
 		return nil, err
 	}
-	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/xms/v1/" + url.PathEscape(cfg.ServicePlanID) + "/batches"
+	cfg.LookupPageSize = cmp.Or(cfg.LookupPageSize, 100)
+	cfg.LookupPages = cmp.Or(cfg.LookupPages, DefaultSinchLookupPages)
 	c.auth = "Bearer " + cfg.APIToken
 	c.refField = "id"
 	c.errorFields = sinchErrorFields
-	c.optOut = nil // Sinch documents no opted-out code (optout.go)
 	c.newRequest = func(ctx context.Context, m Message, now time.Time) (*http.Request, error) {
-		to, err := vonageNumber(m.To)
+		to, err := e164Digits(m.To)
 		if err != nil {
 			return nil, err
 		}
@@ -158,19 +139,9 @@ func NewSinch(cfg SinchConfig) (*Client, error) {
 		}
 		if cfg.ReceiptsURL != "" {
 			req.DeliveryReport = "per_recipient"
-			req.CallbackURL = strings.TrimRight(cfg.ReceiptsURL, "/") + SinchReceiptsPath
+			req.CallbackURL = receiptsAt(cfg.ReceiptsURL, SinchReceiptsPath)
 		}
-		body, err := json.Marshal(req)
-		if err != nil {
-			return nil, err
-		}
-		hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		hreq.Header.Set("Content-Type", "application/json")
-		hreq.Header.Set("Accept", "application/json")
-		return hreq, nil
+		return c.postJSON(ctx, req)
 	}
 	if cfg.Lookup {
 		c.lookup = func(ctx context.Context, q LookupQuery) ([]Found, error) { return c.sinchLookup(ctx, cfg, q) }

@@ -1,8 +1,6 @@
 package provider
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -103,32 +101,19 @@ const TelnyxReceiptsPath = "/v1/receipts/telnyx"
 // document, e.g. "10015"), which SMS_PERMANENT_CODES may name. The 40xxx
 // delivery errors come in webhooks, not here.
 func NewTelnyx(cfg TelnyxConfig) (*Client, error) {
-	switch {
-	case cfg.APIKey == "":
-		return nil, errors.New("provider: telnyx APIKey is required")
-	case cfg.From == "" && cfg.MessagingProfileID == "":
-		return nil, errors.New("provider: telnyx From or MessagingProfileID is required")
-	case cfg.Lookup:
-		return nil, ErrTelnyxNoLookup
-	}
-	c, err := newAdapter(Config{
-		BaseURL:        cmp.Or(cfg.BaseURL, "https://api.telnyx.com"),
-		Timeout:        cfg.Timeout,
-		ConnectTimeout: cfg.ConnectTimeout,
-		PermanentCodes: cfg.PermanentCodes,
-		MaxConns:       cfg.MaxConns,
-		MaxRetryAfter:  cfg.MaxRetryAfter,
-		Transport:      cfg.Transport,
-		ReceiptsURL:    cfg.ReceiptsURL,
-	})
+	a := adapter{name: "telnyx", base: "https://api.telnyx.com", path: "/v2/messages"}
+	c, err := a.newClient(Config{BaseURL: cfg.BaseURL, ReceiptsURL: cfg.ReceiptsURL, Timeout: cfg.Timeout, ConnectTimeout: cfg.ConnectTimeout,
+		PermanentCodes: cfg.PermanentCodes, MaxConns: cfg.MaxConns, MaxRetryAfter: cfg.MaxRetryAfter, Transport: cfg.Transport},
+		a.required("APIKey", cfg.APIKey),
+		a.required("From or MessagingProfileID", cfg.From, cfg.MessagingProfileID),
+		rule{cfg.Lookup, ErrTelnyxNoLookup})
 	if err != nil {
 		return nil, err
 	}
-	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/v2/messages"
 	c.auth = "Bearer " + cfg.APIKey
 	c.refOf = telnyxRef
 	c.errorFields = telnyxErrorFields
-	c.optOut, c.optOutStatuses = optOutCodes["telnyx"], []int{http.StatusConflict}
+	c.optOutStatuses = []int{http.StatusConflict}
 	c.newRequest = func(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
 		to, err := telnyxNumber(m.To)
 		if err != nil {
@@ -150,17 +135,7 @@ func NewTelnyx(cfg TelnyxConfig) (*Client, error) {
 			no := false
 			req.UseProfileWebhooks = &no
 		}
-		body, err := json.Marshal(req)
-		if err != nil {
-			return nil, err
-		}
-		hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		hreq.Header.Set("Content-Type", "application/json")
-		hreq.Header.Set("Accept", "application/json")
-		return hreq, nil
+		return c.postJSON(ctx, req)
 	}
 	return c, nil
 }
@@ -168,21 +143,16 @@ func NewTelnyx(cfg TelnyxConfig) (*Client, error) {
 // TelnyxReceiptsURL is the webhook_url the adapter sends for the row ref:
 // base/v1/receipts/telnyx?ref=<ref>.
 func TelnyxReceiptsURL(base, ref string) string {
-	return strings.TrimRight(base, "/") + TelnyxReceiptsPath + "?ref=" + url.QueryEscape(ref)
+	return receiptsAt(base, TelnyxReceiptsPath+"?ref="+url.QueryEscape(ref))
 }
 
 // telnyxNumber writes an E.164 number as Telnyx takes it: '+' and 7 to 15
 // digits, the first not 0 (the document's "+E.164"). The error never holds
 // the number.
 func telnyxNumber(e164 string) (string, error) {
-	d := strings.TrimPrefix(e164, "+")
-	if len(d) < 7 || len(d) > 15 || strings.HasPrefix(d, "0") {
-		return "", errors.New("the number is not E.164 of 7 to 15 digits")
-	}
-	for i := 0; i < len(d); i++ {
-		if d[i] < '0' || d[i] > '9' {
-			return "", errors.New("the number is not E.164 digits")
-		}
+	d, err := e164Digits(e164)
+	if err != nil {
+		return "", err
 	}
 	return "+" + d, nil
 }

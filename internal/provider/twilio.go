@@ -3,8 +3,6 @@ package provider
 import (
 	"cmp"
 	"context"
-	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/mail"
@@ -85,46 +83,29 @@ const (
 // always runs in non-idempotent mode: an outcome that may have reached
 // Twilio is Ambiguous (the row ends unknown), never retried.
 func NewTwilio(cfg TwilioConfig) (*Client, error) {
-	switch {
-	case cfg.AccountSID == "":
-		return nil, errors.New("provider: twilio AccountSID is required")
-	case cfg.AuthToken == "":
-		return nil, errors.New("provider: twilio AuthToken is required")
-	case cfg.From == "" && cfg.MessagingServiceSID == "":
-		return nil, errors.New("provider: twilio From or MessagingServiceSID is required")
-	case strings.ContainsAny(cfg.AccountSID, "/?#"):
-		return nil, errors.New("provider: twilio AccountSID is malformed")
-	case cfg.LookupPageSize < 0 || cfg.LookupPageSize > 1000:
-		return nil, errors.New("provider: twilio LookupPageSize must be 1 to 1000")
-	case cfg.LookupPages < 0:
-		return nil, errors.New("provider: twilio LookupPages must be positive")
-	}
-	cfg.LookupPageSize = cmp.Or(cfg.LookupPageSize, DefaultTwilioLookupPageSize)
-	cfg.LookupPages = cmp.Or(cfg.LookupPages, DefaultTwilioLookupPages)
-	c, err := newAdapter(Config{
-		BaseURL:        cmp.Or(cfg.BaseURL, "https://api.twilio.com"),
-		Timeout:        cfg.Timeout,
-		ConnectTimeout: cfg.ConnectTimeout,
-		PermanentCodes: cfg.PermanentCodes,
-		MaxConns:       cfg.MaxConns,
-		MaxRetryAfter:  cfg.MaxRetryAfter,
-		Transport:      cfg.Transport,
-		ReceiptsURL:    cfg.ReceiptsURL,
-	})
+	a := adapter{name: "twilio", base: "https://api.twilio.com", path: twilioMessagesPath(cfg.AccountSID)}
+	c, err := a.newClient(Config{BaseURL: cfg.BaseURL, ReceiptsURL: cfg.ReceiptsURL, Timeout: cfg.Timeout, ConnectTimeout: cfg.ConnectTimeout,
+		PermanentCodes: cfg.PermanentCodes, MaxConns: cfg.MaxConns, MaxRetryAfter: cfg.MaxRetryAfter, Transport: cfg.Transport},
+		a.required("AccountSID", cfg.AccountSID),
+		a.required("AuthToken", cfg.AuthToken),
+		a.required("From or MessagingServiceSID", cfg.From, cfg.MessagingServiceSID),
+		a.invalid(strings.ContainsAny(cfg.AccountSID, "/?#"), "AccountSID is malformed"),
+		a.pageSize(cfg.LookupPageSize, 1000),
+		a.pages(cfg.LookupPages))
 	if err != nil {
 		return nil, err
 	}
-	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json"
-	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.AccountSID+":"+cfg.AuthToken))
+	cfg.LookupPageSize = cmp.Or(cfg.LookupPageSize, DefaultTwilioLookupPageSize)
+	cfg.LookupPages = cmp.Or(cfg.LookupPages, DefaultTwilioLookupPages)
+	c.auth = basicAuth(cfg.AccountSID, cfg.AuthToken)
 	c.refField = "sid"
-	c.optOut = optOutCodes["twilio"]
 	c.newRequest = func(ctx context.Context, m Message, now time.Time) (*http.Request, error) {
 		form := url.Values{"To": {m.To}, "Body": {m.Body}}
 		if !m.ExpiresAt.IsZero() {
 			form.Set("ValidityPeriod", strconv.Itoa(twilioValidityPeriod(m.ExpiresAt.Sub(now))))
 		}
 		if cfg.ReceiptsURL != "" {
-			form.Set("StatusCallback", strings.TrimRight(cfg.ReceiptsURL, "/")+"/v1/receipts/twilio?ref="+url.QueryEscape(m.Key))
+			form.Set("StatusCallback", receiptsAt(cfg.ReceiptsURL, "/v1/receipts/twilio?ref="+url.QueryEscape(m.Key)))
 		}
 		if cfg.MessagingServiceSID != "" {
 			form.Set("MessagingServiceSid", cfg.MessagingServiceSID)
@@ -144,6 +125,12 @@ func NewTwilio(cfg TwilioConfig) (*Client, error) {
 		c.lookup = func(ctx context.Context, q LookupQuery) ([]Found, error) { return c.twilioLookup(ctx, cfg, q) }
 	}
 	return c, nil
+}
+
+// twilioMessagesPath is the account's Messages resource, under the API's
+// base URL: where messages are created, and listed.
+func twilioMessagesPath(accountSID string) string {
+	return "/2010-04-01/Accounts/" + url.PathEscape(accountSID) + "/Messages.json"
 }
 
 // The bounds of CreateMessage's ValidityPeriod, in seconds, as the
@@ -196,7 +183,7 @@ func (c *Client) twilioLookup(ctx context.Context, cfg TwilioConfig, q LookupQue
 	if cfg.From != "" && cfg.MessagingServiceSID == "" {
 		params.Set("From", cfg.From)
 	}
-	resource := "/2010-04-01/Accounts/" + url.PathEscape(cfg.AccountSID) + "/Messages.json"
+	resource := twilioMessagesPath(cfg.AccountSID)
 	first := resource + "?" + params.Encode()
 	var (
 		out   []Found

@@ -1,10 +1,7 @@
 package provider
 
 import (
-	"bytes"
-	"cmp"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -89,39 +86,26 @@ var ErrVonageNoLookup = errors.New("provider: vonage offers no lookup by our ref
 // Permanent and OptedOut, though Vonage reports it in the status webhook
 // rather than in an answer (optout.go).
 func NewVonage(cfg VonageConfig) (*Client, error) {
-	switch {
-	case cfg.APIKey == "":
-		return nil, errors.New("provider: vonage APIKey is required")
-	case cfg.APISecret == "":
-		return nil, errors.New("provider: vonage APISecret is required")
-	case cfg.From == "":
-		return nil, errors.New("provider: vonage From is required")
-	case cfg.Lookup:
-		return nil, ErrVonageNoLookup
-	}
-	c, err := newAdapter(Config{
-		BaseURL:        cmp.Or(cfg.BaseURL, "https://api.nexmo.com"),
-		Timeout:        cfg.Timeout,
-		ConnectTimeout: cfg.ConnectTimeout,
-		PermanentCodes: cfg.PermanentCodes,
-		MaxConns:       cfg.MaxConns,
-		MaxRetryAfter:  cfg.MaxRetryAfter,
-		Transport:      cfg.Transport,
-		ReceiptsURL:    cfg.ReceiptsURL,
-	})
+	a := adapter{name: "vonage", base: "https://api.nexmo.com", path: "/v1/messages"}
+	c, err := a.newClient(Config{BaseURL: cfg.BaseURL, ReceiptsURL: cfg.ReceiptsURL, Timeout: cfg.Timeout, ConnectTimeout: cfg.ConnectTimeout,
+		PermanentCodes: cfg.PermanentCodes, MaxConns: cfg.MaxConns, MaxRetryAfter: cfg.MaxRetryAfter, Transport: cfg.Transport},
+		a.required("APIKey", cfg.APIKey),
+		a.required("APISecret", cfg.APISecret),
+		a.required("From", cfg.From),
+		rule{cfg.Lookup, ErrVonageNoLookup})
 	if err != nil {
 		return nil, err
 	}
 	from := strings.TrimPrefix(cfg.From, "+")
-	c.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cfg.APIKey+":"+cfg.APISecret))
+	c.auth = basicAuth(cfg.APIKey, cfg.APISecret)
 	c.refField = "message_uuid"
 	c.errorFields = vonageErrorFields
-	c.optOut = optOutCodes["vonage"]
 	// 402 (low balance) is a refusal before anything was sent: the same
 	// message goes through once the account is topped up.
 	c.refused = []int{http.StatusPaymentRequired}
 	c.newRequest = func(ctx context.Context, m Message, _ time.Time) (*http.Request, error) {
-		to, err := vonageNumber(m.To)
+		// The document's ToNumber: the digits alone, without '+' or 00.
+		to, err := e164Digits(m.To)
 		if err != nil {
 			return nil, err
 		}
@@ -136,38 +120,12 @@ func NewVonage(cfg VonageConfig) (*Client, error) {
 			WebhookVersion string `json:"webhook_version,omitempty"`
 		}{MessageType: "text", Channel: "sms", To: to, From: from, Text: m.Body, ClientRef: m.Key}
 		if cfg.ReceiptsURL != "" {
-			req.WebhookURL = strings.TrimRight(cfg.ReceiptsURL, "/") + VonageReceiptsPath
+			req.WebhookURL = receiptsAt(cfg.ReceiptsURL, VonageReceiptsPath)
 			req.WebhookVersion = "v1"
 		}
-		body, err := json.Marshal(req)
-		if err != nil {
-			return nil, err
-		}
-		hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		hreq.Header.Set("Content-Type", "application/json")
-		hreq.Header.Set("Accept", "application/json")
-		return hreq, nil
+		return c.postJSON(ctx, req)
 	}
 	return c, nil
-}
-
-// vonageNumber writes an E.164 number as the Messages API takes it: the
-// digits alone, without '+' or 00 (the document's ToNumber, 7 to 15
-// characters). The error never holds the number.
-func vonageNumber(e164 string) (string, error) {
-	d := strings.TrimPrefix(e164, "+")
-	if len(d) < 7 || len(d) > 15 || strings.HasPrefix(d, "0") {
-		return "", errors.New("the number is not E.164 of 7 to 15 digits")
-	}
-	for i := 0; i < len(d); i++ {
-		if d[i] < '0' || d[i] > '9' {
-			return "", errors.New("the number is not E.164 digits")
-		}
-	}
-	return d, nil
 }
 
 // vonageErrorFields reads a Messages API error answer (RFC 7807 style, the
