@@ -28,12 +28,6 @@ type LookupQuery struct {
 // the database's may disagree by that much.
 const LookupMargin = time.Minute
 
-// ErrLookupIncomplete is a lookup that could not read every message that
-// may be the row's (more pages than it may read, a message it cannot
-// read): its answer is neither none nor a count, and the lookup is asked
-// again later. Match it with errors.Is.
-var ErrLookupIncomplete = errors.New("lookup incomplete")
-
 // Found is one message a provider has for a reference.
 type Found struct {
 	// Ref is the provider's id for it.
@@ -75,7 +69,7 @@ func (c *Client) LookupByContent() bool { return c.byContent }
 func (c *Client) Lookup(ctx context.Context, q LookupQuery) LookupResult {
 	start := time.Now()
 	if c.lookup == nil {
-		return LookupResult{Err: errors.New("lookup not enabled"), Latency: time.Since(start)}
+		return LookupResult{Err: ErrNoLookup, Latency: time.Since(start)}
 	}
 	found, err := c.lookup(ctx, q)
 	return LookupResult{Found: found, Err: err, Latency: time.Since(start)}

@@ -301,9 +301,6 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			BaseURL: base, APIKey: c.VonageKey, APISecret: c.VonageSecret, From: c.VonageFrom,
 			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
-		if errors.Is(err, ErrVonageNoLookup) {
-			return nil, fmt.Errorf("SMS_PROVIDER=vonage: %w", err)
-		}
 	case "sinch":
 		base := c.baseFor(c.SinchBaseURL)
 		cl, err = NewSinch(SinchConfig{
@@ -316,9 +313,6 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			BaseURL: base, APIKey: c.TelnyxKey, From: c.TelnyxFrom, MessagingProfileID: c.TelnyxProfile,
 			Timeout: c.Timeout, PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
-		if errors.Is(err, ErrTelnyxNoLookup) {
-			return nil, fmt.Errorf("SMS_PROVIDER=telnyx: %w", err)
-		}
 	case "twilio":
 		base := c.baseFor(c.TwilioBaseURL)
 		cl, err = NewTwilio(TwilioConfig{
@@ -331,6 +325,9 @@ func (c Settings) client(kind string, maxConns int) (*Client, error) {
 			BaseURL: c.BaseURL, APIKey: c.APIKey, Timeout: c.Timeout, Idempotent: c.Idempotent,
 			PermanentCodes: codes, MaxConns: maxConns, ReceiptsURL: c.ReceiptsURL, Lookup: c.Lookup,
 		})
+	}
+	if errors.Is(err, ErrNoLookup) {
+		return nil, fmt.Errorf("SMS_PROVIDER=%s: %w", kind, err)
 	}
 	if err != nil {
 		// An adapter's own base URL setting, or SMS_API_BASE in its stead,

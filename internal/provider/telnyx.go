@@ -3,7 +3,6 @@ package provider
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -40,9 +39,6 @@ type TelnyxConfig struct {
 	MaxRetryAfter           time.Duration
 	Transport               http.RoundTripper
 }
-
-// ErrTelnyxNoLookup is NewTelnyx's refusal of TelnyxConfig.Lookup.
-var ErrTelnyxNoLookup = errors.New("provider: telnyx offers no lookup by our reference: GET /v2/messages/{id} needs Telnyx's message id, which a lost answer never gave us, and the detail record searches filter by number and time without our reference or the text, so they cannot tell our message from another to the same number")
 
 // TelnyxReceiptsPath is where the Telnyx adapter asks for webhooks, under
 // the receiver's public URL; the row id follows in the query (ref).

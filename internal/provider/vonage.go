@@ -3,7 +3,6 @@ package provider
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -36,9 +35,6 @@ type VonageConfig struct {
 	MaxRetryAfter           time.Duration
 	Transport               http.RoundTripper
 }
-
-// ErrVonageNoLookup is NewVonage's refusal of VonageConfig.Lookup.
-var ErrVonageNoLookup = errors.New("provider: vonage offers no lookup by our reference: the Messages API has no read of a message, and the Reports API's synchronous records are found by Vonage's message UUID, which a lost answer never gave us")
 
 // NewVonage returns a client for Vonage's Messages API:
 // POST {BaseURL}/v1/messages with the JSON body
