@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -128,4 +129,29 @@ func e164Digits(e164 string) (string, error) {
 		}
 	}
 	return d, nil
+}
+
+// errorCode reads a provider's numeric error code from its text: a
+// positive integer that fits the attempts log's int32 column, else 0 (no
+// code, a word, a number out of range).
+func errorCode(s string) int {
+	n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(s), `"`))
+	if err != nil || n <= 0 || n >= 1<<31 {
+		return 0
+	}
+	return n
+}
+
+// errorText joins an error answer's two parts (a title and its detail, a
+// code word and its text) as "head: tail", either alone when the other is
+// empty.
+func errorText(head, tail string) string {
+	head, tail = strings.TrimSpace(head), strings.TrimSpace(tail)
+	switch {
+	case head == "":
+		return tail
+	case tail == "":
+		return head
+	}
+	return head + ": " + tail
 }

@@ -344,11 +344,7 @@ func genericErrorFields(data []byte) (int, string, bool) {
 	if json.Unmarshal(data, &e) != nil {
 		return 0, "", false
 	}
-	code := 0
-	if n, err := e.Code.Int64(); err == nil && n > 0 && n < 1<<31 {
-		code = int(n)
-	}
-	return code, e.Message, true
+	return errorCode(e.Code.String()), e.Message, true
 }
 
 // transportFailure classifies an attempt that produced no response. Before

@@ -191,11 +191,7 @@ func sinchErrorFields(data []byte) (int, string, bool) {
 	if json.Unmarshal(data, &e) != nil {
 		return 0, "", false
 	}
-	text := e.Text
-	if e.Code != "" {
-		text = strings.TrimSuffix(e.Code+": "+e.Text, ": ")
-	}
-	return 0, text, true
+	return 0, errorText(e.Code, e.Text), true
 }
 
 // sinchPage is one page of ListBatches, as the lookup reads it.

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -183,13 +181,5 @@ func telnyxErrorFields(data []byte) (int, string, bool) {
 		return 0, "", false
 	}
 	first := e.Errors[0]
-	code := 0
-	if n, err := strconv.Atoi(strings.Trim(string(first.Code), `"`)); err == nil && n > 0 && n < 1<<31 {
-		code = n
-	}
-	text := first.Title
-	if first.Detail != "" {
-		text = strings.TrimPrefix(strings.TrimSpace(first.Title+": "+first.Detail), ": ")
-	}
-	return code, text, true
+	return errorCode(string(first.Code)), errorText(first.Title, first.Detail), true
 }

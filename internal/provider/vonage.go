@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -140,15 +139,9 @@ func vonageErrorFields(data []byte) (int, string, bool) {
 	}
 	code := 0
 	if _, frag, ok := strings.Cut(e.Type, "#"); ok {
-		if n, err := strconv.Atoi(frag); err == nil && n > 0 && n < 1<<31 {
-			code = n
-		}
+		code = errorCode(frag)
 	}
-	text := e.Title
-	if e.Detail != "" {
-		text = strings.TrimSpace(e.Title + ": " + e.Detail)
-	}
-	return code, strings.TrimPrefix(text, ": "), true
+	return code, errorText(e.Title, e.Detail), true
 }
 
 // VonageReceiptsPath is where the Vonage adapter asks for status webhooks,
