@@ -82,7 +82,10 @@ func (a adapter) newClient(cfg Config, rules ...rule) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.unavailableTakesNothing = false
+	// The generic API's expiry code is its contract's alone: another
+	// provider's 4xx with the same number is that provider's refusal,
+	// which took nothing but was a call, not an expiry the client kept.
+	c.unavailableTakesNothing, c.expiredCode = false, 0
 	c.endpoint = strings.TrimRight(c.cfg.BaseURL, "/") + a.path
 	c.optOut = optOutCodes[a.name]
 	return c, nil

@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"net/http"
 	"testing"
 	"time"
 )
@@ -87,5 +88,26 @@ func TestSinchExpireAt(t *testing.T) {
 		if got := sinchExpireAt(tt.expires, now); got != tt.want {
 			t.Errorf("%s: sinchExpireAt = %q, want %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// Code 30036 on a 4xx is the generic API's "expired on arrival" only: an
+// adapter reads it as that provider's refusal, never as an expiry.
+func TestExpiredCodeIsTheGenericAPIs(t *testing.T) {
+	t.Parallel()
+	generic, err := New(Config{BaseURL: "http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	telnyx, err := NewTelnyx(TelnyxConfig{BaseURL: "http://127.0.0.1:1", APIKey: "k", From: "+15550100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := &http.Response{StatusCode: 400, Header: http.Header{}, Body: http.NoBody}
+	if o := generic.classify(resp, []byte(`{"code":30036,"message":"expired"}`), nil, Message{}); o.Kind != Expired {
+		t.Fatalf("generic API, 400 with code 30036: %v, want expired", o.Kind)
+	}
+	if o := telnyx.classify(resp, []byte(`{"errors":[{"code":"30036","title":"Refused"}]}`), nil, Message{}); o.Kind == Expired || o.Code != 30036 {
+		t.Fatalf("Telnyx, 400 with code 30036: %v (code %d), want a refusal that is not an expiry", o.Kind, o.Code)
 	}
 }
