@@ -12,11 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/sendonce/sendonce/internal/console"
 	"github.com/sendonce/sendonce/internal/envflag"
-	"github.com/sendonce/sendonce/internal/migrate"
 	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/service"
@@ -127,27 +124,14 @@ func runConsole(ctx context.Context, args []string, getenv func(string) string, 
 }
 
 func serveConsole(ctx context.Context, c consoleConfig, root, log *slog.Logger, stdout io.Writer) error {
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	poolCfg, err := outbox.PoolConfig(c.Database.URL, c.Database.Pooler)
+	// As every long-running command: the same connection checks, and a
+	// schema older than this release's migrations refused (the console
+	// reads what 0011 added).
+	pool, err := service.OpenDatabase(ctx, c.Database, service.Options{Name: "sendonce-console"}, log)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	pool, err := pgxpool.NewWithConfig(startCtx, poolCfg)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		return err
 	}
 	defer pool.Close()
-	if err := pool.Ping(startCtx); err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	// As every long-running command: refuse a schema older than this
-	// release's migrations (the console reads what 0011 added).
-	found, need, err := migrate.CheckEmbedded(startCtx, pool)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	log.Info("schema version", "found", found, "need", need)
 	nc, js, err := natsconn.Connect(service.NATSConfig(c.NATS, service.Options{Name: "sendonce-console"}, log))
 	if err != nil {
 		return err
