@@ -1,18 +1,8 @@
 package e2e
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -21,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/sendonce/sendonce/internal/testing/testcert"
 	"github.com/sendonce/sendonce/internal/testing/testport"
 )
 
@@ -35,11 +26,12 @@ import (
 // while the second node does.
 func TestClusterRoutesNeedPasswordAndTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, caKey := newCA(t, "sendonce routes test CA")
-	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
-	leaf(t, dir, "route", ca, caKey)
-	otherCA, otherKey := newCA(t, "rogue CA")
-	leaf(t, dir, "rogue", otherCA, otherKey)
+	// The route certificate serves both ends of a route, as the nodes'
+	// one file pair must; so does the rogue's, from a CA of its own.
+	ca := testcert.NewCA(t, "sendonce routes test CA")
+	caFile := ca.WriteFile(t, dir)
+	routeCert, routeKey := ca.Issue(t, dir, "route")
+	rogueCert, rogueKey := testcert.NewCA(t, "rogue CA").Issue(t, dir, "rogue")
 
 	const password = "route-pw-0123456789abcdef"
 	for _, u := range []string{"ADMIN", "RELAY", "SENDER", "OPERATOR"} {
@@ -47,9 +39,9 @@ func TestClusterRoutesNeedPasswordAndTLS(t *testing.T) {
 	}
 	t.Setenv("NATS_SERVER_NAME", "n")
 	t.Setenv("NATS_ROUTE_PASSWORD", password)
-	t.Setenv("NATS_ROUTE_CERT", filepath.Join(dir, "route-cert.pem"))
-	t.Setenv("NATS_ROUTE_KEY", filepath.Join(dir, "route-key.pem"))
-	t.Setenv("NATS_ROUTE_CA", filepath.Join(dir, "ca.pem"))
+	t.Setenv("NATS_ROUTE_CERT", routeCert)
+	t.Setenv("NATS_ROUTE_KEY", routeKey)
+	t.Setenv("NATS_ROUTE_CA", caFile)
 	routePorts := []int{testport.Reserve(t), testport.Reserve(t), testport.Reserve(t)}
 	for i, p := range routePorts {
 		t.Setenv(fmt.Sprintf("NATS_ROUTE_%d", i+1), fmt.Sprintf("nats-route://route:%s@localhost:%d", password, p))
@@ -92,7 +84,7 @@ func TestClusterRoutesNeedPasswordAndTLS(t *testing.T) {
 	waitRoutes(t, n1, 1, 20*time.Second)
 	waitRoutes(t, n2, 1, 20*time.Second)
 
-	rogue := func(name, user, pass, certName, caPath string) *server.Server {
+	rogue := func(name, user, pass, certFile, keyFile, caFile string) *server.Server {
 		t.Helper()
 		o := &server.Options{ServerName: name, Host: "127.0.0.1", Port: testport.Reserve(t), NoLog: true, NoSigs: true}
 		o.Cluster.Name = "sendonce"
@@ -102,10 +94,9 @@ func TestClusterRoutesNeedPasswordAndTLS(t *testing.T) {
 			u = fmt.Sprintf("nats-route://%s:%s@localhost:%d", user, pass, routePorts[0])
 		}
 		o.Routes = server.RoutesFromStr(u)
-		if certName != "" {
+		if certFile != "" {
 			tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
-				CertFile: filepath.Join(dir, certName+"-cert.pem"), KeyFile: filepath.Join(dir, certName+"-key.pem"),
-				CaFile: caPath, Verify: true, Timeout: 2,
+				CertFile: certFile, KeyFile: keyFile, CaFile: caFile, Verify: true, Timeout: 2,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -115,9 +106,9 @@ func TestClusterRoutesNeedPasswordAndTLS(t *testing.T) {
 		return startServer(t, o)
 	}
 	rogues := []*server.Server{
-		rogue("rogue-plain", "", "", "", ""),
-		rogue("rogue-stolen-cert", "", "", "route", filepath.Join(dir, "ca.pem")),
-		rogue("rogue-own-ca", "route", password, "rogue", filepath.Join(dir, "ca.pem")),
+		rogue("rogue-plain", "", "", "", "", ""),
+		rogue("rogue-stolen-cert", "", "", routeCert, routeKey, caFile),
+		rogue("rogue-own-ca", "route", password, rogueCert, rogueKey, caFile),
 	}
 
 	sub := func(s *server.Server, user string) *nats.Subscription {
@@ -214,61 +205,5 @@ func waitRoutes(t *testing.T, s *server.Server, n int, d time.Duration) {
 			t.Fatalf("%s has %d routes after %s, want %d", s.Name(), s.NumRoutes(), d, n)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func newCA(t *testing.T, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, key
-}
-
-// leaf writes dir/name-cert.pem and dir/name-key.pem: a certificate for
-// localhost and 127.0.0.1, for both ends of a route, signed by ca.
-func leaf(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:    []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, filepath.Join(dir, name+"-cert.pem"), "CERTIFICATE", der)
-	writePEM(t, filepath.Join(dir, name+"-key.pem"), "EC PRIVATE KEY", kb)
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
 	}
 }

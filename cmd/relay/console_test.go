@@ -2,15 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -22,6 +14,7 @@ import (
 	"github.com/sendonce/sendonce/internal/console"
 	"github.com/sendonce/sendonce/internal/testing/natstest"
 	"github.com/sendonce/sendonce/internal/testing/pgtest"
+	"github.com/sendonce/sendonce/internal/testing/testcert"
 	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
@@ -146,39 +139,6 @@ func TestConsoleServesUntilStopped(t *testing.T) {
 	}
 }
 
-// selfSigned writes a certificate for 127.0.0.1 and its key, and returns
-// their files and a pool that trusts the certificate.
-func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "console test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	kb, _ := x509.MarshalECPrivateKey(key)
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, pool
-}
-
 // startConsole runs relay console with env added to a database, a NATS
 // server and a users file holding alice (password "a long password 1"),
 // and returns the port it announced; it stops when the test ends.
@@ -221,7 +181,7 @@ func startConsole(t *testing.T, env map[string]string) (scheme string, port stri
 // in clear. Plain text there starts only with CONSOLE_ALLOW_INSECURE.
 func TestConsoleOffThisHostServesTLS(t *testing.T) {
 	t.Parallel()
-	cert, key, pool := selfSigned(t)
+	cert, key, pool := testcert.SelfSigned(t, t.TempDir())
 	scheme, port := startConsole(t, map[string]string{"CONSOLE_ADDR": "0.0.0.0:0", "CONSOLE_TLS_CERT": cert, "CONSOLE_TLS_KEY": key})
 	if scheme != "https" {
 		t.Fatalf("announced %s, want https", scheme)

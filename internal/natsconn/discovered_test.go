@@ -2,19 +2,11 @@ package natsconn_test
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +18,7 @@ import (
 
 	"github.com/sendonce/sendonce/internal/natsconn"
 	"github.com/sendonce/sendonce/internal/testing/natstest"
+	"github.com/sendonce/sendonce/internal/testing/testcert"
 	"github.com/sendonce/sendonce/internal/testing/testkit"
 	"github.com/sendonce/sendonce/internal/testing/testport"
 )
@@ -111,24 +104,13 @@ func (w *wiretap) connections() int {
 func serverTLS(t *testing.T) (*tls.Config, string) {
 	t.Helper()
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sendonce test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	ca, _ := x509.ParseCertificate(caDER)
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, key := writeCerts(t, dir, "server", ca, caKey, true)
+	ca := testcert.NewCA(t, "sendonce test CA")
+	cert, key := ca.Issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
 	cfg, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cert, KeyFile: key})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg, caFile
+	return cfg, ca.WriteFile(t, dir)
 }
 
 // A cluster tells its clients the other servers' client URLs (INFO

@@ -1,22 +1,15 @@
 package service_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sendonce/sendonce/internal/envflag"
 	"github.com/sendonce/sendonce/internal/service"
+	"github.com/sendonce/sendonce/internal/testing/testcert"
 	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
@@ -25,10 +18,7 @@ import (
 // names DATABASE_ALLOW_INSECURE, which accepts it.
 func TestDatabaseURLNeedsVerifiedTLSOffThisHost(t *testing.T) {
 	t.Parallel()
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, selfSignedCA(t), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ca := testcert.NewCA(t, "test CA").WriteFile(t, t.TempDir())
 	tests := []struct {
 		dsn string
 		ok  bool
@@ -131,25 +121,6 @@ func TestBindDatabase(t *testing.T) {
 			t.Errorf("%v: Parse = %v, want %q", tt.env, err, tt.want)
 		}
 	}
-}
-
-// selfSignedCA returns a CA certificate in PEM, for sslrootcert.
-func selfSignedCA(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 // A listen address is this host's only when its host is a loopback

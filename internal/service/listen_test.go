@@ -2,15 +2,8 @@ package service_test
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sendonce/sendonce/internal/service"
+	"github.com/sendonce/sendonce/internal/testing/testcert"
 )
 
 // serveLine answers each connection of ln with one line, until ln closes,
@@ -80,7 +74,7 @@ func TestListenPlain(t *testing.T) {
 // that offers only TLS 1.1 is refused.
 func TestListenTLS(t *testing.T) {
 	t.Parallel()
-	cert, key, pool := selfSignedPair(t)
+	cert, key, pool := testcert.SelfSigned(t, t.TempDir())
 	ln, scheme, err := service.Listen("127.0.0.1:0", cert, key, "CONSOLE")
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +111,7 @@ func TestListenErrorsNameTheSettings(t *testing.T) {
 		t.Errorf("listen on a taken address: %v, want an error naming RECEIPTS_ADDR", err)
 	}
 
-	_, key, _ := selfSignedPair(t)
+	_, key, _ := testcert.SelfSigned(t, t.TempDir())
 	bad := filepath.Join(t.TempDir(), "cert.pem")
 	if err := os.WriteFile(bad, []byte("not a certificate\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -145,43 +139,4 @@ func TestListenErrorsNameTheSettings(t *testing.T) {
 		}
 		again.Close()
 	}
-}
-
-// selfSignedPair writes a certificate for 127.0.0.1 and its key, and
-// returns their files and a pool that trusts the certificate.
-func selfSignedPair(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "listen test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, pool
 }
