@@ -523,3 +523,17 @@ func unsent(maybeAccepted bool, reason, msg string) verdict {
 	}
 	return verdict{status: status, reason: reason, errText: msg, action: term, letter: true}
 }
+
+// decideUnknown decides a row that names a provider this sender was not
+// given (a rolling change of SMS_PROVIDERS): the row may be that
+// provider's, so it waits for a sender that has it, and is never sent
+// elsewhere. The attempt is given back; on the message's last delivery the
+// row is parked for the reconciler.
+func decideUnknown(f facts, p policy) verdict {
+	v := verdict{status: outbox.StatusQueued, action: nak, delay: max(p.maxNakDelay, time.Second), refund: true,
+		errText: "the row's provider is not among this sender's SMS_PROVIDERS; waiting for a sender that has it"}
+	if f.lastDelivery {
+		v.action, v.park = ack, true
+	}
+	return v
+}
