@@ -33,8 +33,12 @@ type result struct {
 // before the call allows it, and hands the verdict to the status writer; it
 // reports whether it made a provider request (a lookup or a call), which
 // spent the token the claim loop took for it. A lookup and the call after
-// it are two requests: the call takes a token of its own first. The
-// decisions are decide's; this only does the I/O around them.
+// it are two requests: the call takes a token of its own first.
+//
+// What to do is the plan's (plan.go, made of decide's verdicts): this reads
+// the claim's facts, carries out each step the plan names (a lookup, a
+// token, a move, the call) feeding its outcome back, and writes the result
+// once the plan finishes.
 //
 // deadline is when the claim's lease ends by the local clock, counted from
 // before the claim was sent (so never later than the lease the database
@@ -42,44 +46,70 @@ type result struct {
 // could outlive it is not made, so that no attempt ever overlaps the next
 // claim's.
 func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline time.Time, results chan<- result) bool {
-	// The row's attributes are formatted only for a line that is written: a
-	// logger made With them for every attempt formatted them eagerly, 3-6 us
-	// of CPU per message in BenchmarkSenderRun's profile.
 	// A traced message's lookup and call are spans of its trace, and its
 	// lines carry the trace's id.
-	ctx = h.traced(ctx)
-	logAt := func(level slog.Level, msg string, args ...any) {
-		if s.log.Enabled(ctx, level) {
-			head := []any{"outbox_id", c.ID.String(), "attempt", c.Attempt}
-			if id := tracing.TraceID(ctx); id != "" {
-				head = append(head, "trace_id", id)
-			}
-			s.log.Log(ctx, level, msg, append(head, args...)...)
-		}
+	w := walk{s: s, ctx: h.traced(ctx), c: c, deadline: deadline, res: result{held: h, createdAt: c.CreatedAt}}
+	p := s.planOf(h, &w.c, deadline)
+	if !p.unknown {
+		// The lookup and the call run to their own timeouts even during
+		// shutdown (abandoning them would only leave the outcome unknown),
+		// but never past the claim's lease.
+		var cancel context.CancelFunc
+		w.leased, cancel = context.WithDeadline(context.WithoutCancel(w.ctx), deadline)
+		defer cancel()
 	}
+	for st := p.next(outcome{now: time.Now()}); st.kind != stepFinish; {
+		st = p.next(w.do(&p, st))
+	}
+	w.finish(&p)
+	s.calling.Add(-1)
+	results <- w.res
+	return p.called || w.lookup != nil
+}
+
+// walk is what one claim's steps did, for its result.
+type walk struct {
+	s        *Sender
+	ctx      context.Context // the message's, traced
+	leased   context.Context // ctx, bounded by the lease and not by shutdown
+	c        outbox.Claim
+	deadline time.Time
+	res      result
+	// lookup is the evidence of the lookup that settled the row, if any.
+	lookup *outbox.Evidence
+	// calls counts the calls made; started is when the last began (or,
+	// without a call, when the row was finished).
+	calls   int
+	started time.Time
+}
+
+// logAt writes a line about the claim. The row's attributes are formatted
+// only for a line that is written: a logger made With them for every
+// attempt formatted them eagerly, 3-6 us of CPU per message in
+// BenchmarkSenderRun's profile.
+func (w *walk) logAt(level slog.Level, msg string, args ...any) {
+	if w.s.log.Enabled(w.ctx, level) {
+		head := []any{"outbox_id", w.c.ID.String(), "attempt", w.c.Attempt}
+		if id := tracing.TraceID(w.ctx); id != "" {
+			head = append(head, "trace_id", id)
+		}
+		w.s.log.Log(w.ctx, level, msg, append(head, args...)...)
+	}
+}
+
+// planOf gathers what the plan decides on: the claim's facts about the row
+// and its provider, read once, before the first step.
+func (s *Sender) planOf(h held, c *outbox.Claim, deadline time.Time) plan {
 	r := s.route(c.Provider)
 	if r == nil {
-		// A provider this sender was not given (a rolling change of
-		// SMS_PROVIDERS): the row may be that provider's, so it waits for a
-		// sender that has it, and is never sent elsewhere.
-		s.metrics.heldBack.WithLabelValues("provider_unknown").Inc()
-		logAt(slog.LevelWarn, "row belongs to a provider this sender does not have; left for one that has it", "provider", c.Provider)
-		v := verdict{status: outbox.StatusQueued, action: nak, delay: max(s.cfg.MaxNakDelay, time.Second), refund: true,
-			errText: "the row's provider is not among this sender's SMS_PROVIDERS; waiting for a sender that has it"}
-		if s.lastDelivery(h.md) {
-			v.action, v.park = ack, true
-		}
-		s.calling.Add(-1)
-		results <- result{held: h, createdAt: c.CreatedAt, action: v.action, delay: v.delay, row: outbox.Result{
-			ID: c.ID, Status: v.status, Error: v.errText, RetryIn: v.delay, Park: v.park, Token: c.Token,
-			MaybeAccepted: c.MaybeAccepted, LookupPending: c.LookupPending, Refund: true, Attempt: c.Attempt, Gen: c.Gen}}
-		return false
+		// A provider this sender was not given: nothing else is read.
+		return plan{unknown: true, f: facts{lastDelivery: s.lastDelivery(h.md)}, pol: policy{maxNakDelay: s.cfg.MaxNakDelay}}
 	}
-	p := r.Provider
+	cur := peerOf(r)
 	f := facts{
-		stale: c.Result == outbox.ClaimedStale, idempotent: p.Idempotent(),
+		stale: c.Result == outbox.ClaimedStale, idempotent: cur.idempotent,
 		attempt: c.Attempt, maxAttempts: c.MaxAttempts, maybeAccepted: c.MaybeAccepted,
-		lastDelivery: s.lastDelivery(h.md), canLookup: p.CanLookup(),
+		lastDelivery: s.lastDelivery(h.md), canLookup: cur.canLookup,
 		lookupPending: c.LookupPending, lookups: c.Lookups, lookupBudget: s.cfg.LookupBudget, republished: c.Gen > 0,
 		redelivered: unaccounted(h.md, c.PrevDelivery, c.HandedBack), everywhere: c.LookupEverywhere,
 		expired: expiredAt(c.ExpiresAt, time.Now()), suppressed: c.SuppressedBy != "",
@@ -88,198 +118,185 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	if f.looksUp() || s.failover() {
 		f.beyondDedup = c.Attempt == 1 && c.Gen == 0 && s.horizon.beyond(c.Age, c.CreatedAt)
 	}
+	pastRetention := s.cfg.LookupRetention > 0 && c.Age > s.cfg.LookupRetention
 	if f.canLookup {
 		// (An expired row is looked up at a provider that honours keys
 		// too: it may not be called again.)
-		f.lookupWait = lookupWait(c, pol.settle)
-		f.pastRetention = s.cfg.LookupRetention > 0 && c.Age > s.cfg.LookupRetention
+		f.lookupWait = lookupWait(*c, pol.settle)
+		f.pastRetention = pastRetention
 	}
-	// A row may move to another provider only while nothing says an
-	// earlier attempt can have reached this one: the same doubts that make
-	// a provider without idempotency look a row up first.
-	movable := s.failover() && !f.doubtful()
-	res := result{held: h, createdAt: c.CreatedAt}
-	v := decide(f, nil, pol)
-	// The lookup and the call run to their own timeouts even during
-	// shutdown (abandoning them would only leave the outcome unknown), but
-	// never past the claim's lease.
-	leased, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	defer cancel()
-	if v.call && movable && !r.br.Ready() {
-		// Its circuit is open: the row goes to the next provider that
-		// takes calls, named in the row before it is called there.
-		if alt := s.alternative(r); alt != nil && s.repin(leased, c, r, alt) {
-			r, p = alt, alt.Provider
-			f.idempotent, f.canLookup = p.Idempotent(), p.CanLookup()
+	p := plan{f: f, pol: pol, cur: cur, failover: s.failover(), expiresAt: c.ExpiresAt, deadline: deadline}
+	if p.failover && f.uncertain() {
+		// Every other provider may be asked first: the plan knows them all.
+		p.peers = make([]peer, len(s.routes))
+		for i, y := range s.routes {
+			p.peers[i] = peerOf(y)
 		}
+		p.wait, p.pastRetention = lookupWait(*c, pol.settle), pastRetention
 	}
-	var lookup *outbox.Evidence
-	// The row's lookup_everywhere mark: an uncertain claim keeps it set
-	// (whatever it decides without asking every other provider: a wait for
-	// the settle time, too little lease), and clears it only once they have
-	// all answered.
-	var everywhere *bool
-	if s.failover() && f.uncertain() {
-		everywhere = ptr(true)
-	}
-	if (v.call || v.lookup) && s.failover() && f.uncertain() {
-		// With several providers, a row whose earlier attempt may be lost
-		// with its records (a sender that died mid-call, a redelivery whose
-		// claim the row does not show, a republication, a row older than
-		// the dedup window) may be held by any of them: what a failover
-		// lost may be the claim that named the provider, or a move to
-		// another. Every other provider is asked before this one is called
-		// or asked; one that cannot be asked leaves the row unknown.
-		var found *route
-		v, found, lookup, everywhere = s.askElsewhere(leased, c, r, v, f, pol, deadline, &res)
-		if found != nil {
-			r, p = found, found.Provider
+	return p
+}
+
+// peerOf is what a plan knows of r.
+func peerOf(r *route) peer {
+	return peer{at: r.at, name: r.Name, idempotent: r.Provider.Idempotent(), canLookup: r.Provider.CanLookup(), timeout: r.Provider.Timeout()}
+}
+
+// do carries out one step of p and reports its outcome.
+func (w *walk) do(p *plan, st step) outcome {
+	s, c := w.s, &w.c
+	r := s.routes[st.at]
+	var o outcome
+	switch st.kind {
+	case stepCircuit:
+		o.ok = r.br.Ready()
+	case stepAlternative:
+		o.alt = noPeer
+		if alt := s.alternative(r); alt != nil {
+			o.alt = peerOf(alt)
 		}
-	}
-	if v.lookup {
-		// Ask the provider what became of the earlier attempts. Every
-		// attempt carried the same reference, so one lookup covers them all.
-		started := time.Now()
-		q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
-		lr := p.Lookup(leased, q)
-		if lr.Err == nil && len(lr.Found) > 0 && p.LookupByContent() {
-			lr = s.attributeFound(leased, c, p, q, lr)
+	case stepToken:
+		o.ok = s.flowToken(w.leased, w.deadline, r)
+	case stepRepin:
+		from := s.routes[p.cur.at]
+		o.ok = s.repin(w.leased, *c, from, r)
+		if o.ok && w.calls > 0 {
+			// The row moves on after its provider did not take the call:
+			// that call is logged, a retry at the provider it left.
+			out := p.out
+			w.logAt(slog.LevelInfo, "provider did not take the message; moved to the next", "from", from.Name, "to", r.Name,
+				"http_status", out.HTTPStatus, "reason", out.Reason)
+			w.res.attempts = append(w.res.attempts, outbox.Attempt{
+				OutboxID: c.ID, Number: c.Attempt, StartedAt: w.started, Latency: out.Latency, Outcome: "retry",
+				HTTPStatus: out.HTTPStatus, ProviderCode: out.Code, Sender: s.cfg.Name, Provider: from.Name,
+				Error: "not taken, moved to " + r.Name + ": " + out.Error(),
+			})
 		}
-		v = decideLookup(f, lr, pol)
-		result := lookupOf(lr)
-		s.metrics.lookups.WithLabelValues(result).Inc()
-		logAt(slog.LevelInfo, "provider lookup", "result", result, "found", len(lr.Found), "latency", lr.Latency.String(), "err", lr.Err)
-		lookup = &outbox.Evidence{Kind: "lookup", Result: result, ProviderRef: v.ref, Detail: lookupDetail(lr),
-			ReceivedAt: time.Now(), Source: "sender"}
-		res.attempts = append(res.attempts, outbox.Attempt{
-			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: lr.Latency, Outcome: "lookup",
-			Error: lookup.Detail, Sender: s.cfg.Name, Provider: r.Name,
-		})
-		if v.notAccepted {
-			// No earlier attempt reached the provider: what follows is
-			// decided as if none had.
-			f.maybeAccepted = false
-			v = decideAfterNone(f)
+	case stepLookElsewhere:
+		var result, detail string
+		o.lookup, result, detail = w.lookUp(r)
+		if result != "none" {
+			// Only an answer other than none settles the row: the row's own
+			// provider is asked or called next otherwise.
+			w.lookup = evidence(o.lookup, result, detail)
 		}
+	case stepLookUp:
+		var result, detail string
+		o.lookup, result, detail = w.lookUp(r)
+		w.logAt(slog.LevelInfo, "provider lookup", "result", result, "found", len(o.lookup.Found), "latency", o.lookup.Latency.String(), "err", o.lookup.Err)
+		w.lookup = evidence(o.lookup, result, detail)
+	case stepCall:
+		w.started = time.Now()
+		o.call = s.call(w.leased, r, *c)
+		o.notTaken = notTaken(r.Provider, o.call)
+		w.calls++
 	}
-	if v.call && lookup != nil && s.cfg.Flow != nil {
-		// The lookup spent the claim's token: the call waits for another,
-		// but not past the last moment it may start within the lease.
-		wctx, cancel := context.WithDeadline(leased, deadline.Add(-p.Timeout()))
-		if err := s.cfg.Flow.Wait(wctx); err != nil {
-			deadline = time.Now() // no token in time: as if the lease ran short
-		}
-		cancel()
-	}
-	if v.call && expiredAt(c.ExpiresAt, time.Now()) {
-		// The expiry came while the claim looked the row up or waited for
-		// a token: no call starts at or after it.
-		f.expired = true
-		notAccepted := v.notAccepted
-		if notAccepted {
-			f.maybeAccepted = false
-			v = decideAfterNone(f)
-		} else {
-			v = decideExpired(f, pol)
-			if v.lookup {
-				// Asked already, or no time to ask now: the next claim asks.
-				v = deferLookup(f, pol)
-			}
-		}
-		v.notAccepted = notAccepted
-	}
-	if v.call && time.Until(deadline) < p.Timeout() {
-		// A slow claim or lookup left too little of the lease for the call.
-		notAccepted := v.notAccepted
-		v = decideNoTime(f, lookup != nil, pol)
-		v.notAccepted = notAccepted
-	}
-	if v.heldBack != "" {
-		s.metrics.heldBack.WithLabelValues(v.heldBack).Inc()
-		logAt(slog.LevelDebug, "attempt held back", "why", v.heldBack, "retry_in", v.delay.String())
-	}
+	o.now = time.Now()
+	return o
+}
+
+// lookUp asks r's provider which messages it has for the row's reference,
+// keeps those that are the row's, and records the lookup in the attempts
+// log; it returns the answer, its class (lookupOf) and its detail.
+func (w *walk) lookUp(r *route) (provider.LookupResult, string, string) {
+	s, c := w.s, &w.c
 	started := time.Now()
-	var out provider.Outcome
-	called, moved := v.call, false
-	if called {
-		out = s.call(leased, r, c)
-		if notTaken(p, out) && movable {
-			// Certainly not taken: the next provider that takes calls gets
-			// the row, named in it first, if the lease leaves time and a
-			// token comes in time.
-			if alt := s.alternative(r); alt != nil && time.Until(deadline) >= alt.Provider.Timeout() && s.flowToken(leased, deadline, alt) &&
-				s.repin(leased, c, r, alt) {
-				logAt(slog.LevelInfo, "provider did not take the message; moved to the next", "from", r.Name, "to", alt.Name,
-					"http_status", out.HTTPStatus, "reason", out.Reason)
-				res.attempts = append(res.attempts, outbox.Attempt{
-					OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: out.Latency, Outcome: "retry",
-					HTTPStatus: out.HTTPStatus, ProviderCode: out.Code, Sender: s.cfg.Name, Provider: r.Name,
-					Error: "not taken, moved to " + alt.Name + ": " + out.Error(),
-				})
-				r, p, moved = alt, alt.Provider, true
-				f.idempotent, f.canLookup = p.Idempotent(), p.CanLookup()
-				started = time.Now()
-				out = s.call(leased, r, c)
-			}
-		}
-		if out.Kind == provider.Expired {
-			// The client sent nothing: the expiry came first.
-			called = false
-		} else {
+	q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
+	lr := r.Provider.Lookup(w.leased, q)
+	if lr.Err == nil && len(lr.Found) > 0 && r.Provider.LookupByContent() {
+		lr = s.attributeFound(w.leased, *c, r.Provider, q, lr)
+	}
+	result, detail := lookupOf(lr), lookupDetail(lr)
+	s.metrics.lookups.WithLabelValues(result).Inc()
+	w.res.attempts = append(w.res.attempts, outbox.Attempt{
+		OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: lr.Latency, Outcome: "lookup",
+		Error: detail, Sender: s.cfg.Name, Provider: r.Name,
+	})
+	return lr, result, detail
+}
+
+// evidence is a lookup's answer as the row's evidence: the provider's id
+// for the message when it found one.
+func evidence(lr provider.LookupResult, result, detail string) *outbox.Evidence {
+	ev := &outbox.Evidence{Kind: "lookup", Result: result, Detail: detail, ReceivedAt: time.Now(), Source: "sender"}
+	if result == "found" {
+		ev.ProviderRef = lr.Found[0].Ref
+	}
+	return ev
+}
+
+// finish makes the result of p's verdict: the metrics and lines of the
+// attempt, the row's write, its attempts-log record and its dead letter.
+func (w *walk) finish(p *plan) {
+	s, c, v := w.s, &w.c, p.v
+	if p.unknown {
+		s.metrics.heldBack.WithLabelValues("provider_unknown").Inc()
+		w.logAt(slog.LevelWarn, "row belongs to a provider this sender does not have; left for one that has it", "provider", c.Provider)
+		w.res.action, w.res.delay = v.action, v.delay
+		w.res.row = outbox.Result{
+			ID: c.ID, Status: v.status, Error: v.errText, RetryIn: v.delay, Park: v.park, Token: c.Token,
+			MaybeAccepted: c.MaybeAccepted, LookupPending: c.LookupPending, Refund: true, Attempt: c.Attempt, Gen: c.Gen}
+		return
+	}
+	r, out := s.routes[p.cur.at], p.out
+	if p.heldBack != "" {
+		s.metrics.heldBack.WithLabelValues(p.heldBack).Inc()
+		w.logAt(slog.LevelDebug, "attempt held back", "why", p.heldBack, "retry_in", v.delay.String())
+	}
+	if w.calls == 0 {
+		w.started = time.Now()
+	} else {
+		if p.called {
 			s.metrics.providerSeconds.Observe(out.Latency.Seconds())
 		}
-		logAt(slog.LevelDebug, "provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus,
+		w.logAt(slog.LevelDebug, "provider attempt", "outcome", out.Kind.String(), "http_status", out.HTTPStatus,
 			"provider_code", out.Code, "latency", out.Latency.String())
 		if out.Kind == provider.Sent {
 			crashpoint.Hit(crashpoint.SenderAfterAccept)
 		}
-		notAccepted := v.notAccepted
-		v = decide(f, &out, pol)
-		v.notAccepted = notAccepted
-		if moved {
-			// The first provider was called (and did not take it): the
-			// attempt was spent, whatever the second answered (a 429
-			// would give it back).
-			v.refund = false
-		}
 	}
 	if v.pause && s.cfg.Flow != nil {
-		s.cfg.Flow.Pause(ctx, out.After)
+		s.cfg.Flow.Pause(w.ctx, out.After)
 	}
 	if v.outcome != "lookup" {
-		s.metrics.count(called, v.outcome)
+		s.metrics.count(p.called, v.outcome)
 	}
 	if v.status == outbox.StatusSuppressed {
 		source := c.SuppressedBy
 		if v.suppress {
 			source = outbox.SourceRefusal
 		}
-		s.metrics.suppressedRow(source, called)
+		s.metrics.suppressedRow(source, p.called)
 	}
 	if v.suppress {
-		logAt(slog.LevelInfo, "the provider refused the message: the recipient opted out; the number goes on the suppression list",
+		w.logAt(slog.LevelInfo, "the provider refused the message: the recipient opted out; the number goes on the suppression list",
 			"provider", r.Name, "http_status", out.HTTPStatus, "provider_code", out.Code, "status", string(v.status))
 	}
 	switch {
 	case v.letter && v.status == outbox.StatusUnknown:
-		logAt(slog.LevelWarn, "outcome unknown; not retried", "reason", v.reason, "http_status", out.HTTPStatus)
+		w.logAt(slog.LevelWarn, "outcome unknown; not retried", "reason", v.reason, "http_status", out.HTTPStatus)
 	case v.letter:
-		logAt(slog.LevelInfo, "message will not be sent", "status", string(v.status), "reason", v.reason,
+		w.logAt(slog.LevelInfo, "message will not be sent", "status", string(v.status), "reason", v.reason,
 			"http_status", out.HTTPStatus, "provider_code", out.Code)
 	case v.park:
-		logAt(slog.LevelDebug, "retry parked in Postgres", "retry_in", v.delay.String())
+		w.logAt(slog.LevelDebug, "retry parked in Postgres", "retry_in", v.delay.String())
 	}
 
+	var everywhere *bool
+	if p.everywhereSet {
+		everywhere = ptr(p.everywhere)
+	}
+	res := &w.res
 	res.action, res.delay = v.action, v.delay
 	res.row = outbox.Result{
 		ID: c.ID, Status: v.status, Error: v.errText, Reason: v.reason, RetryIn: v.delay, Park: v.park,
 		Token: c.Token, MaybeAccepted: v.maybe, Refund: v.refund, LookupPending: v.lookupPending, Attempt: c.Attempt, Gen: c.Gen,
-		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: lookup, Provider: resultProvider(r, called, lookup), LookupEverywhere: everywhere,
+		LookupFailed: v.lookupFailed, NotAccepted: v.notAccepted, Lookup: w.lookup, Provider: resultProvider(r, p.called, w.lookup), LookupEverywhere: everywhere,
 	}
 	switch {
-	case called && v.status == outbox.StatusSent:
+	case p.called && v.status == outbox.StatusSent:
 		res.row.ProviderRef = out.Ref
-	case !called:
+	case !p.called:
 		res.row.ProviderRef = v.ref
 	}
 	if v.suppress {
@@ -292,10 +309,10 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 	// entries. outbox.Attempts shows it from the row. After a replay the
 	// count starts again beside the older generation's records, so the
 	// row alone could not tell which attempt 1 it describes.
-	firstSent := v.outcome == "sent" && c.Attempt == 1 && c.Gen == 0 && !moved
+	firstSent := v.outcome == "sent" && c.Attempt == 1 && c.Gen == 0 && !p.moved
 	if v.outcome != "" && v.outcome != "lookup" && !firstSent {
 		res.attempts = append(res.attempts, outbox.Attempt{
-			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: out.Latency, Outcome: v.outcome,
+			OutboxID: c.ID, Number: c.Attempt, StartedAt: w.started, Latency: out.Latency, Outcome: v.outcome,
 			HTTPStatus: out.HTTPStatus, ProviderCode: out.Code, Error: v.errText, Sender: s.cfg.Name, Provider: r.Name,
 		})
 	}
@@ -304,20 +321,17 @@ func (s *Sender) attempt(ctx context.Context, h held, c outbox.Claim, deadline t
 		// the list may have the message: one named by the verdict, or any
 		// not yet asked about a row whose records may have lost a move.
 		elsewhere := v.elsewhere
-		if elsewhere == "" && everywhere != nil && *everywhere {
+		if elsewhere == "" && p.everywhereSet && p.everywhere {
 			elsewhere = "another"
 		}
 		idem := deadletter.ProviderNotIdempotent
-		if f.idempotent && elsewhere == "" {
+		if p.f.idempotent && elsewhere == "" {
 			idem = deadletter.ProviderIdempotent
 		}
 		res.letter = &deadletter.Letter{
 			OutboxID: c.ID, Reason: v.reason, Error: v.errText, ProviderCode: out.Code, Idempotency: idem, Elsewhere: elsewhere,
 		}
 	}
-	s.calling.Add(-1)
-	results <- res
-	return called || lookup != nil
 }
 
 // attributeFound keeps, of the messages a lookup by content found, those
@@ -443,82 +457,6 @@ func resultProvider(r *route, called bool, lookup *outbox.Evidence) string {
 		return r.Name
 	}
 	return ""
-}
-
-// askElsewhere asks every provider but r whether it has c's message, for a
-// row whose provider is uncertain (facts.uncertain). It returns the
-// verdict to go on with (v unchanged when every one answered none), the
-// provider that has the message (nil if none), the evidence of the lookup
-// that settled the row, and the row's lookup_everywhere mark: true when
-// not every provider could be asked yet (the next claim asks them first,
-// whatever else it finds), false once each answered.
-//
-// A provider that cannot be asked (no lookups, or the row is older than
-// the lookups' retention, so that "none" proves nothing) ends the row
-// unknown when the row's records have certainly lost an attempt (a
-// redelivery whose previous claim the row does not show): caution wins.
-// On the weaker doubts (a stale claim, a republication, a row past the
-// dedup window), which a sender outage or a parked retry also raise, it is
-// passed over, as a single provider that cannot be asked would be called.
-func (s *Sender) askElsewhere(ctx context.Context, c outbox.Claim, r *route, v verdict, f facts, pol policy, deadline time.Time, res *result) (verdict, *route, *outbox.Evidence, *bool) {
-	pending, done := ptr(true), ptr(false)
-	pastRetention := s.cfg.LookupRetention > 0 && c.Age > s.cfg.LookupRetention
-	var ask []*route
-	for _, y := range s.routes {
-		if y == r {
-			continue
-		}
-		if y.Provider.CanLookup() && !pastRetention {
-			ask = append(ask, y)
-			continue
-		}
-		if f.redelivered {
-			why := "cannot be asked"
-			if pastRetention {
-				why = "cannot tell after its lookup retention"
-			}
-			return verdict{status: outbox.StatusUnknown, reason: wire.ReasonAmbiguous, action: term, maybe: true, outcome: "ambiguous", letter: true,
-				errText:   "an earlier attempt was lost with its records, and provider " + y.Name + " of SMS_PROVIDERS, which may have the message, " + why,
-				elsewhere: y.Name}, nil, nil, done
-		}
-	}
-	if len(ask) == 0 {
-		return v, nil, nil, done
-	}
-	if w := lookupWait(c, pol.settle); w > 0 {
-		// A request made just before the lease ran out may not show yet.
-		f.lookupWait = w
-		return deferLookup(f, pol), nil, nil, pending
-	}
-	q := provider.LookupQuery{Reference: c.ID.String(), To: c.To, Body: c.Body, Since: c.CreatedAt}
-	for _, y := range ask {
-		// Each lookup takes a token of its own: the claim's is the call's.
-		if !s.flowToken(ctx, deadline, y) {
-			return decideNoTime(f, false, pol), nil, nil, pending
-		}
-		started := time.Now()
-		lr := y.Provider.Lookup(ctx, q)
-		if lr.Err == nil && len(lr.Found) > 0 && y.Provider.LookupByContent() {
-			lr = s.attributeFound(ctx, c, y.Provider, q, lr)
-		}
-		result := lookupOf(lr)
-		s.metrics.lookups.WithLabelValues(result).Inc()
-		res.attempts = append(res.attempts, outbox.Attempt{
-			OutboxID: c.ID, Number: c.Attempt, StartedAt: started, Latency: lr.Latency, Outcome: "lookup",
-			Error: lookupDetail(lr), Sender: s.cfg.Name, Provider: y.Name,
-		})
-		if result == "none" {
-			continue
-		}
-		lv := decideLookup(f, lr, pol)
-		ev := &outbox.Evidence{Kind: "lookup", Result: result, ProviderRef: lv.ref, Detail: lookupDetail(lr),
-			ReceivedAt: time.Now(), Source: "sender"}
-		if result == "failed" {
-			return lv, nil, ev, pending
-		}
-		return lv, y, ev, done
-	}
-	return v, nil, nil, done
 }
 
 func ptr[T any](v T) *T { return &v }

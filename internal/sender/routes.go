@@ -22,10 +22,11 @@ type Route struct {
 	Breaker *breaker.Breaker
 }
 
-// route is a Route with its circuit.
+// route is a Route with its circuit and its place in the sender's list.
 type route struct {
 	Route
 	br *breaker.Breaker
+	at int
 }
 
 // routes returns the sender's routes: Config.Routes, or the one provider
@@ -44,7 +45,7 @@ func (s *Sender) initRoutes() {
 				s.log.Warn("provider circuit changed", "provider", name, "state", st.String())
 			}})
 		}
-		s.routes = append(s.routes, &route{Route: r, br: br})
+		s.routes = append(s.routes, &route{Route: r, br: br, at: len(s.routes)})
 		if r.Name != "" {
 			s.metrics.providerState.WithLabelValues(r.Name).Set(float64(br.State()))
 		}
