@@ -149,10 +149,11 @@ type plan struct {
 	// expiresAt is the row's expiry (zero: never); deadline is when the
 	// claim's lease ends by the local clock.
 	expiresAt, deadline time.Time
-	// wait is how long before the claim's lookups may be made (lookupWait),
-	// and pastRetention whether the row is older than lookups see, both
-	// whatever the row's own provider can do: the other providers are
-	// asked on them.
+	// wait is how long before the claim's lookups may be made (lookupWait)
+	// and pastRetention whether the row is older than lookups see, for the
+	// lookups at the other providers: facts holds them only when the row's
+	// own provider can be asked, and the others are asked whatever it can
+	// do.
 	wait          time.Duration
 	pastRetention bool
 
