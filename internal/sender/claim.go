@@ -9,6 +9,7 @@ import (
 	otelattr "go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sendonce/sendonce/internal/backoff"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/wire"
 )
@@ -233,7 +234,7 @@ func (s *Sender) claimBatch(ctx, hold context.Context, batch []held, slots chan 
 		case outbox.Leased:
 			s.metrics.leased.Inc()
 			h.endTrace("held by another claim", false)
-			back, delays = append(back, h), append(delays, c.LeaseLeft+jitter(time.Second))
+			back, delays = append(back, h), append(delays, c.LeaseLeft+backoff.Jitter(time.Second))
 			release()
 		case outbox.NotFound:
 			s.rejectInvalid(hold, h, c.ID, "no outbox row with this id")
@@ -294,7 +295,7 @@ func (s *Sender) claim(hold context.Context, ids []uuid.UUID, from []outbox.Deli
 		if retrying(failures) {
 			s.log.Warn("claim failed; holding the messages and trying again with the same claim token", "err", err, "messages", len(ids), "failures", failures, "retry_in", d.String())
 		}
-		if !sleep(hold, jitter(d)) {
+		if !backoff.Sleep(hold, backoff.Jitter(d)) {
 			s.log.Error("claim still failing at the shutdown timeout; its messages go back to JetStream", "err", err, "messages", len(ids))
 			return nil, time.Time{}, false
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sendonce/sendonce/internal/backoff"
 	"github.com/sendonce/sendonce/internal/streams"
 )
 
@@ -105,7 +106,7 @@ func (s *Sender) readLane(ctx context.Context, ls *lanes, l *lane) {
 			failures++
 			s.health.fetchFailed()
 			s.log.Warn("fetch failed", "lane", l.Name, "err", err)
-			if !sleep(ctx, min(5*time.Second, 50*time.Millisecond<<min(failures, 7))) {
+			if !backoff.Sleep(ctx, min(5*time.Second, 50*time.Millisecond<<min(failures, 7))) {
 				return
 			}
 			continue

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sendonce/sendonce/internal/backoff"
 	"github.com/sendonce/sendonce/internal/deadletter"
 	"github.com/sendonce/sendonce/internal/outbox"
 	"github.com/sendonce/sendonce/internal/wire"
@@ -139,7 +140,7 @@ func (s *Sender) publishLetter(hold context.Context, l deadletter.Letter) (uint6
 		if retrying(failures) {
 			s.log.Warn("dead letter not stored; trying again", "err", err, "reason", l.Reason, "failures", failures, "retry_in", d.String())
 		}
-		if !sleep(hold, jitter(d)) {
+		if !backoff.Sleep(hold, backoff.Jitter(d)) {
 			s.log.Error("dead letter still not stored at the shutdown timeout", "err", err, "reason", l.Reason)
 			return 0, false
 		}

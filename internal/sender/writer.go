@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sendonce/sendonce/internal/backoff"
 	"github.com/sendonce/sendonce/internal/outbox"
 )
 
@@ -152,7 +153,7 @@ func (s *Sender) writeStatuses(hold context.Context, batch []result) (map[uuid.U
 		if retrying(failures) {
 			s.log.Warn("status write failed; keeping the outcomes and trying again", "err", err, "rows", len(rows), "failures", failures, "retry_in", d.String())
 		}
-		if !sleep(hold, jitter(d)) {
+		if !backoff.Sleep(hold, backoff.Jitter(d)) {
 			s.log.Error("status write still failing at the shutdown timeout; the messages will be redelivered", "err", err, "rows", len(rows))
 			return nil, false
 		}
