@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sendonce/sendonce/internal/testing/testkit"
 )
 
 // Dir returns tools/node with its node_modules installed.
@@ -31,7 +33,7 @@ func Dir(t testing.TB) string {
 			t.Skipf("%s is not installed: this test needs Node 20 or later and npm (tools/node)", tool)
 		}
 	}
-	dir := filepath.Join(root(t), "tools", "node")
+	dir := filepath.Join(testkit.RepoRoot(t), "tools", "node")
 	lock, err := os.OpenFile(filepath.Join(dir, ".install.lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -72,26 +74,6 @@ func installed(dir string) bool {
 		}
 	}
 	return true
-}
-
-// root is the module's root: the nearest directory above the test's with
-// a go.mod.
-func root(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test's directory")
-		}
-		dir = parent
-	}
 }
 
 // Node runs a script of tools/node with args, stdin and the extra

@@ -93,7 +93,7 @@ func SettingsDoc[C any](t *testing.T, name string, bind func(*envflag.Set, *C)) 
 	t.Helper()
 	s := envflag.New(name, EnvMap(nil), io.Discard)
 	bind(s, new(C))
-	path := filepath.Join(repoRoot(t), "docs", "configuration.md")
+	path := filepath.Join(RepoRoot(t), "docs", "configuration.md")
 	want := envflag.Markdown(s.Settings())
 	if os.Getenv("SENDONCE_UPDATE_DOCS") == "1" {
 		if err := updateSection(path, name, want); err != nil {
@@ -114,8 +114,9 @@ func SettingsDoc[C any](t *testing.T, name string, bind func(*envflag.Set, *C)) 
 	}
 }
 
-// repoRoot is the directory of the go.mod above the test's directory.
-func repoRoot(t *testing.T) string {
+// RepoRoot is the module's root: the directory of the go.mod nearest
+// above the test's directory.
+func RepoRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
