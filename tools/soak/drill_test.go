@@ -24,7 +24,7 @@ func TestFailoverDrillShort(t *testing.T) {
 		t.Skipf("no PostgreSQL server binaries to make a primary and a standby: %v", err)
 	}
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-tags", crashpoint.Tag, "-o", bin+"/", "../relay", "../sender", "../smsstub", "../receiver")
+	build := exec.Command("go", "build", "-tags", crashpoint.Tag, "-o", bin+"/", "../../cmd/relay", "../../cmd/sender", "../../cmd/smsstub", "../../cmd/receiver")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
